@@ -1,0 +1,336 @@
+"""`ModelSpec`: the architecture facts that memory, FLOPs and KV cache depend on.
+
+Built from a Hugging Face `config.json` dict by an explicit mapping per `model_type` (never by
+guessing the architecture from ratios of numbers). Defaults for keys a config omits are the
+defaults of the transformers 5.23 config class of that `model_type`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from estimator.errors import EstimatorError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One decoder-only language model, as the memory and FLOP formulas see it.
+
+    Sizes are element counts. `layer_types` holds one entry per layer: "full" or "sliding".
+    """
+
+    name: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    mlp_gated: bool            # SwiGLU/GeGLU: gate, up, down; else fc1, fc2
+    activation: str
+    norm: str                  # "rms" (weight) or "layer" (weight + bias)
+    norms_per_layer: int
+    qk_norm: bool              # per-head RMSNorm on q and k (Qwen3, Gemma-3)
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    lm_head_bias: bool
+    tied_embeddings: bool
+    learned_positions: int     # rows of a learned position table (GPT-2, OPT), 0 for rotary/ALiBi
+    embed_dim: int             # width of the token embedding (OPT-350m projects 512 -> 1024)
+    embed_norm: bool           # LayerNorm right after the embedding (BLOOM)
+    final_norm: bool
+    parallel_block: bool       # attention and MLP read the same input (Falcon, Phi, GPT-NeoX)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    moe_layer_flags: tuple[bool, ...] = ()
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    logit_softcap: bool = False
+    max_position_embeddings: int = 0
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection output (heads x head_dim)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of one of the key/value projection outputs (kv heads x head_dim)."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_flags)
+
+
+def _get(cfg: dict, key: str, default=None):
+    value = cfg.get(key, default)
+    return default if value is None else value
+
+
+def _require(cfg: dict, *keys: str) -> int:
+    """First present key among `keys` (HF renamed fields across families)."""
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    raise EstimatorError(f"config is missing '{keys[0]}' (model_type {cfg.get('model_type')!r})")
+
+
+def _layer_types(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[str, ...]:
+    """Per-layer attention kind from `layer_types`, else all sliding when a window is set."""
+    given = cfg.get("layer_types")
+    if given:
+        if len(given) != n_layers:
+            raise EstimatorError(f"config layer_types has {len(given)} entries for {n_layers} layers")
+        return tuple("sliding" if "sliding" in t else "full" for t in given)
+    return tuple("sliding" if default_sliding else "full" for _ in range(n_layers))
+
+
+def _llama_like(cfg: dict, name: str, **overrides) -> ModelSpec:
+    """Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, Mixtral, Qwen-MoE: RMSNorm, gated MLP."""
+    mt = cfg["model_type"]
+    hidden = _require(cfg, "hidden_size")
+    heads = _require(cfg, "num_attention_heads")
+    kv_heads = _get(cfg, "num_key_value_heads", heads)
+    head_dim = _get(cfg, "head_dim", hidden // heads)
+    layers = _require(cfg, "num_hidden_layers")
+    attention_bias = bool(_get(cfg, "attention_bias", False))
+    window = cfg.get("sliding_window")
+    if mt in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        window = window if cfg.get("use_sliding_window") else None
+    fields = dict(
+        name=name, model_type=mt, vocab_size=_require(cfg, "vocab_size"), hidden_size=hidden,
+        num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=_require(cfg, "intermediate_size"), mlp_gated=True,
+        activation=_get(cfg, "hidden_activation", _get(cfg, "hidden_act", "silu")),
+        norm="rms", norms_per_layer=2, qk_norm=False, qkv_bias=attention_bias,
+        o_bias=attention_bias, mlp_bias=bool(_get(cfg, "mlp_bias", False)), lm_head_bias=False,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", False)), learned_positions=0,
+        embed_dim=hidden, embed_norm=False, final_norm=True, parallel_block=False,
+        sliding_window=window, max_position_embeddings=_get(cfg, "max_position_embeddings", 0),
+    )
+    fields.update(overrides)
+    if "layer_types" not in overrides:
+        fields["layer_types"] = _layer_types(cfg, layers, fields["sliding_window"] is not None)
+    if not any(t == "sliding" for t in fields["layer_types"]):
+        fields["sliding_window"] = None
+    return ModelSpec(**fields)
+
+
+def _gemma_layer_types(cfg: dict, layers: int, pattern: int) -> tuple[str, ...]:
+    """Gemma-2 alternates local/global; Gemma-3 has `pattern - 1` local then one global."""
+    if cfg.get("layer_types"):
+        return _layer_types(cfg, layers, False)
+    return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers))
+
+
+def _moe_flags(cfg: dict, layers: int) -> tuple[bool, ...]:
+    """Which layers hold a sparse MoE block (Qwen-MoE: `decoder_sparse_step`, `mlp_only_layers`)."""
+    step = _get(cfg, "decoder_sparse_step", 1)
+    dense_only = set(_get(cfg, "mlp_only_layers", []))
+    return tuple(i not in dense_only and (i + 1) % step == 0 for i in range(layers))
+
+
+def _from_llama_family(cfg: dict, name: str) -> ModelSpec:
+    mt = cfg["model_type"]
+    layers = _require(cfg, "num_hidden_layers")
+    if mt in ("llama", "mistral"):
+        return _llama_like(cfg, name)
+    if mt == "qwen2":
+        return _llama_like(cfg, name, qkv_bias=True, o_bias=False)
+    if mt == "qwen3":
+        return _llama_like(cfg, name, qk_norm=True)
+    if mt == "gemma":
+        return _llama_like(cfg, name, tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)))
+    if mt in ("gemma2", "gemma3_text"):
+        pattern = 2 if mt == "gemma2" else _get(cfg, "sliding_window_pattern", 6)
+        return _llama_like(
+            cfg, name, norms_per_layer=4, qk_norm=(mt == "gemma3_text"),
+            tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)),
+            layer_types=_gemma_layer_types(cfg, layers, pattern),
+            logit_softcap=cfg.get("final_logit_softcapping") is not None,
+        )
+    if mt == "phi3":
+        return _llama_like(cfg, name)
+    if mt == "mixtral":
+        return _llama_like(
+            cfg, name, num_experts=_require(cfg, "num_local_experts"),
+            experts_per_token=_require(cfg, "num_experts_per_tok"),
+            moe_intermediate_size=_require(cfg, "intermediate_size"),
+            moe_layer_flags=(True,) * layers,
+        )
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        shared = _get(cfg, "shared_expert_intermediate_size", 0) if mt == "qwen2_moe" else 0
+        return _llama_like(
+            cfg, name, qkv_bias=(mt == "qwen2_moe"), o_bias=False, qk_norm=(mt == "qwen3_moe"),
+            num_experts=_require(cfg, "num_experts", "num_local_experts"),
+            experts_per_token=_require(cfg, "num_experts_per_tok"),
+            moe_intermediate_size=_require(cfg, "moe_intermediate_size"),
+            shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
+            moe_layer_flags=_moe_flags(cfg, layers),
+        )
+    raise AssertionError(mt)
+
+
+def _plain(cfg: dict, name: str, **fields) -> ModelSpec:
+    """GPT-2-era families: LayerNorm with bias, fc1/fc2 MLP, no sliding windows."""
+    base = dict(
+        name=name, model_type=cfg["model_type"], mlp_gated=False, norm="layer", qk_norm=False,
+        lm_head_bias=False, learned_positions=0, embed_norm=False, final_norm=True,
+        parallel_block=False, layer_types=(("full",) * fields["num_layers"]),
+    )
+    base.update(fields)
+    base.setdefault("embed_dim", base["hidden_size"])
+    base.setdefault("num_kv_heads", base["num_heads"])
+    base.setdefault("head_dim", base["hidden_size"] // base["num_heads"])
+    return ModelSpec(**base)
+
+
+def _from_gpt2(cfg: dict, name: str) -> ModelSpec:
+    hidden = _require(cfg, "n_embd", "hidden_size")
+    mqa = cfg["model_type"] == "gpt_bigcode" and bool(_get(cfg, "multi_query", True))
+    heads = _require(cfg, "n_head", "num_attention_heads")
+    return _plain(
+        cfg, name, vocab_size=_require(cfg, "vocab_size"), hidden_size=hidden,
+        num_layers=_require(cfg, "n_layer", "num_hidden_layers"), num_heads=heads,
+        num_kv_heads=1 if mqa else heads, intermediate_size=_get(cfg, "n_inner", 4 * hidden),
+        activation=_get(cfg, "activation_function", "gelu_new"), norms_per_layer=2,
+        qkv_bias=True, o_bias=True, mlp_bias=True,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)),
+        learned_positions=_require(cfg, "n_positions", "max_position_embeddings"),
+        max_position_embeddings=_require(cfg, "n_positions", "max_position_embeddings"),
+    )
+
+
+def _from_opt(cfg: dict, name: str) -> ModelSpec:
+    hidden = _require(cfg, "hidden_size")
+    final = bool(_get(cfg, "do_layer_norm_before", True)) and not cfg.get("_remove_final_layer_norm")
+    bias = bool(_get(cfg, "enable_bias", True))
+    positions = _require(cfg, "max_position_embeddings")
+    return _plain(
+        cfg, name, vocab_size=_require(cfg, "vocab_size"), hidden_size=hidden,
+        num_layers=_require(cfg, "num_hidden_layers"), num_heads=_require(cfg, "num_attention_heads"),
+        intermediate_size=_require(cfg, "ffn_dim"), activation=_get(cfg, "activation_function", "relu"),
+        norms_per_layer=2, qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)),
+        learned_positions=positions + 2,  # OPT offsets positions by 2
+        embed_dim=_get(cfg, "word_embed_proj_dim", hidden), final_norm=final,
+        max_position_embeddings=positions,
+    )
+
+
+def _from_bloom(cfg: dict, name: str) -> ModelSpec:
+    hidden = _require(cfg, "hidden_size", "n_embed")
+    return _plain(
+        cfg, name, vocab_size=_require(cfg, "vocab_size"), hidden_size=hidden,
+        num_layers=_require(cfg, "n_layer", "num_hidden_layers"),
+        num_heads=_require(cfg, "n_head", "num_attention_heads"), intermediate_size=4 * hidden,
+        activation="bloom_gelu", norms_per_layer=2, qkv_bias=True, o_bias=True, mlp_bias=True,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)), embed_norm=True,
+    )
+
+
+def _from_falcon(cfg: dict, name: str) -> ModelSpec:
+    hidden = _require(cfg, "hidden_size")
+    heads = _require(cfg, "num_attention_heads")
+    new_arch = bool(_get(cfg, "new_decoder_architecture", False))
+    if new_arch:
+        kv_heads = _get(cfg, "num_kv_heads", heads)
+    else:
+        kv_heads = 1 if _get(cfg, "multi_query", True) else heads
+    parallel = bool(_get(cfg, "parallel_attn", True))
+    norms = 2 if (new_arch and _get(cfg, "num_ln_in_parallel_attn", 2) == 2) or not parallel else 1
+    bias = bool(_get(cfg, "bias", False))
+    return _plain(
+        cfg, name, vocab_size=_require(cfg, "vocab_size"), hidden_size=hidden,
+        num_layers=_require(cfg, "num_hidden_layers"), num_heads=heads, num_kv_heads=kv_heads,
+        intermediate_size=_get(cfg, "ffn_hidden_size", 4 * hidden), activation="gelu",
+        norms_per_layer=norms, qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)), parallel_block=parallel,
+        max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
+    )
+
+
+def _from_neox(cfg: dict, name: str) -> ModelSpec:
+    bias = bool(_get(cfg, "attention_bias", True))
+    return _plain(
+        cfg, name, vocab_size=_require(cfg, "vocab_size"), hidden_size=_require(cfg, "hidden_size"),
+        num_layers=_require(cfg, "num_hidden_layers"), num_heads=_require(cfg, "num_attention_heads"),
+        intermediate_size=_require(cfg, "intermediate_size"), activation=_get(cfg, "hidden_act", "gelu"),
+        norms_per_layer=2, qkv_bias=bias, o_bias=bias, mlp_bias=True,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
+        parallel_block=bool(_get(cfg, "use_parallel_residual", True)),
+        max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
+    )
+
+
+def _from_phi(cfg: dict, name: str) -> ModelSpec:
+    heads = _require(cfg, "num_attention_heads")
+    return _plain(
+        cfg, name, vocab_size=_require(cfg, "vocab_size"), hidden_size=_require(cfg, "hidden_size"),
+        num_layers=_require(cfg, "num_hidden_layers"), num_heads=heads,
+        num_kv_heads=_get(cfg, "num_key_value_heads", heads),
+        intermediate_size=_require(cfg, "intermediate_size"), activation=_get(cfg, "hidden_act", "gelu_new"),
+        norms_per_layer=1, qkv_bias=True, o_bias=True, mlp_bias=True, lm_head_bias=True,
+        qk_norm=bool(_get(cfg, "qk_layernorm", False)),
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", False)), parallel_block=True,
+        max_position_embeddings=_get(cfg, "max_position_embeddings", 2048),
+    )
+
+
+_BUILDERS = {
+    **dict.fromkeys(
+        ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
+         "mixtral", "qwen2_moe", "qwen3_moe"), _from_llama_family),
+    "gpt2": _from_gpt2,
+    "gpt_bigcode": _from_gpt2,
+    "opt": _from_opt,
+    "bloom": _from_bloom,
+    "falcon": _from_falcon,
+    "gpt_neox": _from_neox,
+    "phi": _from_phi,
+}
+
+SUPPORTED_MODEL_TYPES = tuple(sorted(_BUILDERS))
+
+
+def spec_from_config(cfg: dict, name: str = "") -> ModelSpec:
+    """Map a HF config dict to a `ModelSpec`; unknown or malformed configs raise EstimatorError."""
+    if not isinstance(cfg, dict):
+        raise EstimatorError("a model config must be a JSON object")
+    mt = cfg.get("model_type")
+    if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
+        raise EstimatorError(
+            "gemma3 multimodal configs are not modelled (vision tower); use the text-only "
+            "catalog entry, e.g. 'gemma-3-4b'")
+    builder = _BUILDERS.get(mt)
+    if builder is None:
+        raise EstimatorError(
+            f"model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    try:
+        spec = builder(cfg, name or cfg.get("_name_or_path") or mt)
+    except (TypeError, KeyError) as exc:
+        raise EstimatorError(f"malformed {mt} config: {exc}") from None
+    _check_positive(spec)
+    return spec
+
+
+def _check_positive(spec: ModelSpec) -> None:
+    for field_name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                       "head_dim", "intermediate_size"):
+        value = getattr(spec, field_name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise EstimatorError(f"malformed config: {field_name} must be a positive integer, got {value!r}")
+    if spec.num_heads % spec.num_kv_heads:
+        raise EstimatorError(
+            f"malformed config: {spec.num_heads} attention heads do not divide into {spec.num_kv_heads} kv heads")

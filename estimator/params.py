@@ -1,0 +1,172 @@
+"""Exact parameter counts of a `ModelSpec`, by component.
+
+Counts match what transformers 5.23 builds (tied embeddings counted once). Linear layers are
+split out because quantization (bitsandbytes) and LoRA act on them alone; embeddings, norms and
+biases of the quantized layers stay in the compute dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from estimator.model import ModelSpec
+
+# Module names as transformers uses them for the Llama family; other families are mapped onto
+# these roles so that LoRA target lists mean the same thing everywhere.
+ATTENTION_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_ROLES = ("gate_proj", "up_proj", "down_proj")
+ALL_LINEAR = ATTENTION_ROLES + MLP_ROLES
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer shape, repeated `count` times in the whole model (layers x experts)."""
+
+    role: str
+    d_in: int
+    d_out: int
+    count: int
+    bias: bool
+    expert: bool = False  # inside an MoE expert (LoRA all-linear in peft skips fused 3-D experts)
+
+    @property
+    def weight_params(self) -> int:
+        return self.d_in * self.d_out * self.count
+
+    @property
+    def bias_params(self) -> int:
+        return self.d_out * self.count if self.bias else 0
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Element counts. `linears` are the decoder layers' projections (quantizable, LoRA targets)."""
+
+    embedding: int
+    positions: int
+    lm_head: int          # 0 when tied to the embedding
+    lm_head_bias: int
+    norms: int            # every norm weight and bias, q/k norms included
+    router: int           # MoE gates
+    linears: tuple[Linear, ...]
+    largest_layer: int    # largest single parameter tensor (ZeRO-3 gather, optimizer temporaries)
+    active_expert_fraction: float  # experts_per_token / num_experts (1.0 for dense)
+
+    @property
+    def linear_weights(self) -> int:
+        return sum(lin.weight_params for lin in self.linears)
+
+    @property
+    def linear_biases(self) -> int:
+        return sum(lin.bias_params for lin in self.linears)
+
+    @property
+    def expert_weights(self) -> int:
+        return sum(lin.weight_params for lin in self.linears if lin.expert)
+
+    @property
+    def total(self) -> int:
+        return (self.embedding + self.positions + self.lm_head + self.lm_head_bias + self.norms
+                + self.router + self.linear_weights + self.linear_biases)
+
+    @property
+    def active(self) -> int:
+        """Parameters used per token: all but the unrouted experts (MoE); equals total for dense."""
+        idle = self.expert_weights + sum(l.bias_params for l in self.linears if l.expert)
+        return self.total - round(idle * (1.0 - self.active_expert_fraction))
+
+    @property
+    def non_embedding(self) -> int:
+        """Parameters that do matmul work per token (lm_head counts; lookups do not)."""
+        return self.total - self.embedding - self.positions + (self.embedding if self._tied_head else 0)
+
+    @property
+    def _tied_head(self) -> bool:
+        return self.lm_head == 0
+
+
+def _norm_params(spec: ModelSpec, width: int) -> int:
+    return width * (2 if spec.norm == "layer" else 1)
+
+
+def _attention_linears(spec: ModelSpec) -> list[Linear]:
+    h, n = spec.hidden_size, spec.num_layers
+    return [
+        Linear("q_proj", h, spec.q_dim, n, spec.qkv_bias),
+        Linear("k_proj", h, spec.kv_dim, n, spec.qkv_bias),
+        Linear("v_proj", h, spec.kv_dim, n, spec.qkv_bias),
+        Linear("o_proj", spec.q_dim, h, n, spec.o_bias),
+    ]
+
+
+def _mlp_linears(spec: ModelSpec, width: int, count: int, expert: bool = False) -> list[Linear]:
+    h, bias = spec.hidden_size, spec.mlp_bias
+    if spec.mlp_gated:
+        return [Linear("gate_proj", h, width, count, bias, expert),
+                Linear("up_proj", h, width, count, bias, expert),
+                Linear("down_proj", width, h, count, bias, expert)]
+    return [Linear("up_proj", h, width, count, bias, expert),
+            Linear("down_proj", width, h, count, bias, expert)]
+
+
+def _feed_forward(spec: ModelSpec) -> tuple[list[Linear], int]:
+    """MLP and MoE linears of all layers, and the router parameter count."""
+    if not spec.is_moe:
+        return _mlp_linears(spec, spec.intermediate_size, spec.num_layers), 0
+    n_moe = spec.num_moe_layers
+    n_dense = spec.num_layers - n_moe
+    linears = _mlp_linears(spec, spec.moe_intermediate_size, n_moe * spec.num_experts, expert=True)
+    if n_dense:
+        linears += _mlp_linears(spec, spec.intermediate_size, n_dense)
+    router = n_moe * spec.hidden_size * spec.num_experts
+    if spec.shared_expert_intermediate_size:
+        linears += _mlp_linears(spec, spec.shared_expert_intermediate_size, n_moe)
+        router += n_moe * spec.hidden_size * (1 if spec.shared_expert_gate else 0)
+    return linears, router
+
+
+def _norms(spec: ModelSpec) -> int:
+    h = spec.hidden_size
+    per_layer = spec.norms_per_layer * _norm_params(spec, h)
+    if spec.qk_norm:
+        per_layer += 2 * _norm_params(spec, spec.head_dim)
+    total = spec.num_layers * per_layer
+    total += _norm_params(spec, h) if spec.final_norm else 0
+    total += _norm_params(spec, spec.embed_dim) if spec.embed_norm else 0
+    return total
+
+
+def _projections(spec: ModelSpec) -> list[Linear]:
+    """OPT-350m projects a narrow embedding in and out of the residual width (no bias)."""
+    if spec.embed_dim == spec.hidden_size:
+        return []
+    return [Linear("project_in", spec.embed_dim, spec.hidden_size, 1, False),
+            Linear("project_out", spec.hidden_size, spec.embed_dim, 1, False)]
+
+
+def _expert_block(spec: ModelSpec, linears: list[Linear]) -> int:
+    """One layer's experts: transformers 5 fuses them into 3-D tensors of one module."""
+    if not spec.is_moe:
+        return 0
+    per_layer = sum(lin.weight_params + lin.bias_params for lin in linears if lin.expert)
+    return per_layer // spec.num_moe_layers
+
+
+@lru_cache(maxsize=1024)
+def count_params(spec: ModelSpec) -> ParamCounts:
+    """Exact parameter counts by component (cached: specs are frozen)."""
+    feed_forward, router = _feed_forward(spec)
+    linears = tuple(_attention_linears(spec) + feed_forward + _projections(spec))
+    embedding = spec.vocab_size * spec.embed_dim
+    lm_head = 0 if spec.tied_embeddings else embedding
+    lm_head_bias = spec.vocab_size if spec.lm_head_bias else 0
+    positions = spec.learned_positions * spec.hidden_size
+    largest = max([embedding, lm_head + lm_head_bias, positions, _expert_block(spec, linears)]
+                  + [lin.d_in * lin.d_out + (lin.d_out if lin.bias else 0) for lin in linears])
+    fraction = spec.experts_per_token / spec.num_experts if spec.is_moe else 1.0
+    return ParamCounts(
+        embedding=embedding, positions=positions, lm_head=lm_head, lm_head_bias=lm_head_bias,
+        norms=_norms(spec), router=router, linears=linears, largest_layer=largest,
+        active_expert_fraction=fraction,
+    )
