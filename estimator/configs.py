@@ -1,0 +1,102 @@
+"""Find a model's config: a local path, a name in the shipped catalog, or a Hugging Face Hub id.
+
+Resolution order: an existing file (or a folder holding config.json), then the catalog (hub id
+or alias, case-insensitive), then the Hub through transformers' AutoConfig (imported lazily, so
+the estimator itself never imports torch or transformers).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from estimator.errors import EstimatorError
+from estimator.model import ModelSpec, spec_from_config
+
+CATALOG_DIR = Path(__file__).with_name("catalog")
+
+
+@lru_cache(maxsize=1)
+def catalog() -> dict[str, dict]:
+    """Lower-case hub id or alias -> index row (hub_id, file, aliases, source, date)."""
+    index = {}
+    with (CATALOG_DIR / "index.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            index[row["hub_id"].lower()] = row
+            for alias in filter(None, row["aliases"].split(";")):
+                index[alias.strip().lower()] = row
+    return index
+
+
+def catalog_ids() -> list[str]:
+    """Hub ids of every catalog model, in file order."""
+    seen = []
+    for row in catalog().values():
+        if row["hub_id"] not in seen:
+            seen.append(row["hub_id"])
+    return seen
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with path.open() as f:
+            cfg = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise EstimatorError(f"malformed config {path}: {exc.msg} at line {exc.lineno}") from None
+    except OSError as exc:
+        raise EstimatorError(f"cannot read config {path}: {exc.strerror}") from None
+    if not isinstance(cfg, dict):
+        raise EstimatorError(f"malformed config {path}: not a JSON object")
+    return cfg
+
+
+def _from_hub(model_id: str) -> dict:
+    """AutoConfig from the Hub (or the local HF cache); every failure becomes one clear line."""
+    try:
+        from transformers import AutoConfig  # lazy: only hub ids pay for it
+    except ImportError:
+        raise EstimatorError(f"unknown model '{model_id}': not a file, not in the catalog, and "
+                             "transformers is not installed to ask the Hub") from None
+    try:
+        cfg = AutoConfig.from_pretrained(model_id, trust_remote_code=False)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc) or "custom code" in str(exc):
+            raise EstimatorError(f"'{model_id}' needs remote code, which is not run; pass its "
+                                 "config.json as a path instead") from None
+        raise EstimatorError(f"cannot load config of '{model_id}': {str(exc).splitlines()[0]}") from None
+    except OSError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = "gated, misspelled, or the Hub is unreachable (offline)"
+        raise EstimatorError(f"cannot load config of '{model_id}' ({hint}): {first}") from None
+    except Exception as exc:  # network stacks raise many types; the user needs one line
+        raise EstimatorError(f"cannot load config of '{model_id}': {type(exc).__name__}: {exc}") from None
+    return cfg.to_dict()
+
+
+def load_config(model: str) -> tuple[dict, str]:
+    """(config dict, display name) for a path, catalog name or hub id."""
+    if not model or not model.strip():
+        raise EstimatorError("--model is empty")
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return _read_json(path), path.parent.name if path.name == "config.json" else path.stem
+    row = catalog().get(model.lower())
+    if row is not None:
+        return _read_json(CATALOG_DIR / row["file"]), row["hub_id"]
+    if model.endswith(".json") or model.startswith((".", "/")):
+        raise EstimatorError(f"config file not found: {model}")
+    if "/" not in model:
+        raise EstimatorError(f"unknown model '{model}': not a file and not in the catalog "
+                             "(try a catalog alias such as llama-3.1-8b, or a Hub id org/name)")
+    return _from_hub(model), model
+
+
+@lru_cache(maxsize=256)
+def load_spec(model: str) -> ModelSpec:
+    """The ModelSpec of a path, catalog name or hub id (cached per string)."""
+    cfg, name = load_config(model)
+    return spec_from_config(cfg, name)

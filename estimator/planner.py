@@ -1,0 +1,170 @@
+"""Answers built on `estimate()`: which GPUs fit and how many, the largest batch or sequence that
+fits, the cheapest setup that meets a deadline, and the compute-optimal model size for a budget."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from estimator import tables
+from estimator.api import Estimate, JobSpec, estimate
+from estimator.errors import EstimatorError
+from estimator.workload import Workload
+
+GPUS_PER_NODE = 8
+_MAX_GPUS = 1024
+
+
+def _spread(w: Workload, n: int) -> Workload:
+    """`w` on `n` GPUs: data parallel for training, tensor parallel for inference."""
+    gpus, nodes = min(n, GPUS_PER_NODE), math.ceil(n / GPUS_PER_NODE)
+    if w.training:
+        return w.with_(gpus=gpus, nodes=nodes, tp=1, pp=1)
+    return w.with_(gpus=gpus, nodes=nodes, tp=n, pp=1)
+
+
+def _counts():
+    n = 1
+    while n <= _MAX_GPUS:
+        yield n
+        n *= 2
+
+
+def gpus_needed(w: Workload, slug: str, calibration: str = "auto") -> Estimate | None:
+    """The smallest power-of-two GPU count on which `w` fits, or None.
+
+    Training spreads over data parallel with the workload's ZeRO stage (ZeRO 0 replicates
+    everything, so more GPUs never help); inference spreads over tensor parallel while the
+    kv heads allow it.
+    """
+    for n in _counts():
+        try:
+            candidate = _spread(w, n)
+        except EstimatorError:
+            return None  # tensor parallel no longer divides the heads
+        result = estimate(candidate, slug, calibration)
+        if result.fits:
+            return result
+        if w.training and w.zero == 0 and w.offload == "none":
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class FitRow:
+    gpu: str
+    gpus_needed: int | None
+    device_used_bytes: int | None
+    memory_bytes: int
+    step_s: float | None
+    usd_per_gpu_hour: float | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_table(w: Workload, calibration: str = "auto", price_path: str | None = None) -> list[FitRow]:
+    """For every GPU of the table: how many are needed for `w`, and at what memory and speed."""
+    rows = []
+    for slug, gpu in tables.gpus().items():
+        try:
+            result = gpus_needed(w, slug, calibration)
+        except EstimatorError:
+            result = None  # e.g. bf16 on a GPU without bf16
+        price = tables.price(slug, price_path).usd_per_gpu_hour
+        if result is None:
+            rows.append(FitRow(slug, None, None, gpu.memory_bytes, None, price))
+        else:
+            rows.append(FitRow(slug, result.workload.world_size, result.memory.device_used_bytes,
+                               gpu.memory_bytes, result.time.step_s, price))
+    return rows
+
+
+def _largest(fits, low: int, high: int) -> int:
+    """Largest x in [low, high] with fits(x), assuming monotone; 0 if none. Doubling then bisection."""
+    if not fits(low):
+        return 0
+    good, bad = low, None
+    while bad is None:
+        trial = good * 2
+        if trial > high:
+            if fits(high):
+                return high
+            bad = high
+        elif fits(trial):
+            good = trial
+        else:
+            bad = trial
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good
+
+
+def max_batch(w: Workload, slug: str, calibration: str = "auto", limit: int = 1 << 16) -> int:
+    """Largest micro-batch of `w` that fits one GPU of `slug` (0 if even 1 does not)."""
+    return _largest(lambda b: estimate(w.with_(batch=b), slug, calibration).fits, 1, limit)
+
+
+def max_seq(w: Workload, slug: str, calibration: str = "auto", limit: int = 1 << 21) -> int:
+    """Longest sequence (prompt for inference) of `w` that fits one GPU of `slug`."""
+    return _largest(lambda s: estimate(w.with_(seq=s), slug, calibration).fits, 1, limit)
+
+
+def cheapest(w: Workload, job: JobSpec, deadline_s: float, calibration: str = "auto") -> list[Estimate]:
+    """Setups (GPU kind x count) that fit and finish the job by the deadline, cheapest first."""
+    found = []
+    for slug in tables.gpus():
+        for n in _counts():
+            if n > 64:
+                break
+            try:
+                result = estimate(_spread(w, n), slug, calibration, job)
+            except EstimatorError:
+                break
+            if result.fits and result.job.job_s <= deadline_s:
+                found.append(result)
+                break  # more of the same GPU only costs more per unit of work or the same
+    return sorted(found, key=lambda e: e.job.cost_usd)
+
+
+# Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models": approaches 1 and 2 give
+# about 20 training tokens per parameter (Table 3: 70B params <-> 1.4T tokens for Chinchilla);
+# approach 3 fits L(N, D) = E + A / N^alpha + B / D^beta with the constants of their equation 10.
+CHINCHILLA_TOKENS_PER_PARAM = 20.0
+CHINCHILLA_FIT = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
+CHINCHILLA_SOURCE = "Hoffmann et al. 2022, Training Compute-Optimal Large Language Models (arXiv:2203.15556)"
+
+
+@dataclass(frozen=True)
+class ComputeOptimal:
+    flops: float
+    params: float
+    tokens: float
+    params_parametric: float
+    tokens_parametric: float
+    source: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compute_optimal(flops: float) -> ComputeOptimal:
+    """Compute-optimal parameters and tokens for a budget of `flops` (C = 6 N D)."""
+    if not flops > 0:
+        raise EstimatorError("the compute budget must be positive")
+    params = math.sqrt(flops / (6.0 * CHINCHILLA_TOKENS_PER_PARAM))
+    f = CHINCHILLA_FIT
+    g = (f["alpha"] * f["A"] / (f["beta"] * f["B"])) ** (1.0 / (f["alpha"] + f["beta"]))
+    a = f["beta"] / (f["alpha"] + f["beta"])
+    b = f["alpha"] / (f["alpha"] + f["beta"])
+    n3 = g * (flops / 6.0) ** a
+    d3 = (flops / 6.0) ** b / g
+    return ComputeOptimal(flops, params, params * CHINCHILLA_TOKENS_PER_PARAM, n3, d3, CHINCHILLA_SOURCE)
+
+
+def budget_flops(slug: str, n_gpus: int, hours: float, mfu: float, dtype: str = "bf16") -> float:
+    """Useful FLOPs of `n_gpus` GPUs of `slug` running `hours` at an achieved fraction `mfu`."""
+    if n_gpus <= 0 or hours <= 0:
+        raise EstimatorError("GPU count and hours must be positive")
+    return tables.gpu(slug).dense_tflops(dtype) * 1e12 * mfu * n_gpus * hours * 3600.0

@@ -1,0 +1,386 @@
+"""Hardware, price, MFU and dtype tables: load the CSVs in estimator/data once, validate, look up.
+
+Units: bytes are int (memory_bytes, bandwidth in bytes/s), throughput in TFLOPS = 1e12 FLOP/s
+(dense, never the 2:4-sparse figure), latency in seconds, prices in USD per GPU-hour. Every row
+carries `source` and an ISO `date`. Loaders parse once (functools caches), so after the first call
+`gpu(slug)` is a dict lookup. Any malformed table raises EstimatorError naming file, row and column.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from estimator.errors import EstimatorError
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+GPU_COLUMNS = ("slug", "name", "memory_bytes", "bf16_dense_tflops", "fp16_dense_tflops",
+               "tf32_dense_tflops", "fp32_tflops", "int8_dense_tops",
+               "memory_bandwidth_bytes_per_s", "intra_node_interconnect", "source", "date")
+INTERCONNECT_COLUMNS = ("name", "bandwidth_bytes_per_s", "latency_s", "scope", "source", "date")
+PRICE_COLUMNS = ("slug", "provider", "usd_per_gpu_hour", "pricing", "source", "date")
+MFU_COLUMNS = ("method", "gpu_slug", "mfu", "source", "date")
+DTYPE_COLUMNS = ("name", "bytes_per_element", "source", "date")
+
+SCOPES = ("intra-node", "inter-node")
+PRICINGS = ("on-demand", "spot", "reserved")
+MFU_METHODS = ("full", "lora", "qlora", "inference-prefill", "decode-bandwidth")
+_DENSE_FIELDS = {"bf16": "bf16_dense_tflops", "fp16": "fp16_dense_tflops",
+                 "tf32": "tf32_dense_tflops", "fp32": "fp32_tflops"}
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model. TFLOPS are dense tensor-core peaks (None: the GPU lacks that tensor mode)."""
+
+    slug: str
+    name: str
+    memory_bytes: int                 # usable device memory, bytes
+    bf16_dense_tflops: float | None
+    fp16_dense_tflops: float | None   # fp16 inputs, fp32 accumulate
+    tf32_dense_tflops: float | None
+    fp32_tflops: float                # non-tensor FP32
+    int8_dense_tops: float | None
+    memory_bandwidth_bytes_per_s: int
+    intra_node_interconnect: str      # a name in interconnects.csv
+    source: str
+    date: str
+
+    def dense_tflops(self, dtype: str) -> float:
+        """Dense peak in TFLOPS (1e12 FLOP/s) for dtype in bf16, fp16, tf32, fp32."""
+        field = _DENSE_FIELDS.get(dtype)
+        if field is None:
+            raise EstimatorError(f"unknown compute dtype '{dtype}'; known: {', '.join(_DENSE_FIELDS)}")
+        value = getattr(self, field)
+        if value is None:
+            hint = "; use fp16" if dtype == "bf16" and self.fp16_dense_tflops is not None else ""
+            raise EstimatorError(f"{self.name} ({self.slug}) has no {dtype} tensor cores{hint}")
+        return value
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """A link: per-GPU, per-direction bandwidth in bytes/s and per-message latency in seconds."""
+
+    name: str
+    bandwidth_bytes_per_s: int
+    latency_s: float
+    scope: str                        # "intra-node" or "inter-node"
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
+class Price:
+    """Price of one GPU for one hour, USD."""
+
+    slug: str
+    provider: str
+    usd_per_gpu_hour: float
+    pricing: str                      # "on-demand", "spot" or "reserved"
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
+class MfuDefault:
+    """Default achieved fraction of dense peak FLOP/s (or of peak bandwidth, for decode-bandwidth)."""
+
+    method: str
+    gpu_slug: str                     # a GPU slug or "*" (fallback)
+    mfu: float
+    source: str
+    date: str
+
+
+# ---------------------------------------------------------------- parsing helpers
+
+
+class _Row:
+    """One data row; its parsers raise EstimatorError naming file, row and column."""
+
+    def __init__(self, path: Path, line: int, values: dict[str, str]):
+        self.path, self.line, self.values = path, line, values
+
+    def fail(self, column: str, problem: str) -> EstimatorError:
+        return EstimatorError(f"{self.path}: row {self.line}, column '{column}': {problem}")
+
+    def text(self, column: str) -> str:
+        value = self.values[column].strip()
+        if not value:
+            raise self.fail(column, "must not be empty")
+        return value
+
+    def number(self, column: str, optional: bool = False) -> float | None:
+        raw = self.values[column].strip()
+        if not raw and optional:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self.fail(column, f"'{raw}' is not a number") from None
+        if not math.isfinite(value) or value <= 0:
+            raise self.fail(column, f"must be a positive number, got '{raw}'")
+        return value
+
+    def integer(self, column: str) -> int:
+        raw = self.values[column].strip()
+        try:
+            value = int(raw)
+        except ValueError:
+            raise self.fail(column, f"'{raw}' is not an integer") from None
+        if value <= 0:
+            raise self.fail(column, f"must be a positive integer, got '{raw}'")
+        return value
+
+    def choice(self, column: str, allowed: tuple[str, ...]) -> str:
+        value = self.text(column)
+        if value not in allowed:
+            raise self.fail(column, f"'{value}' is not one of {', '.join(allowed)}")
+        return value
+
+    def provenance(self) -> tuple[str, str]:
+        source, date = self.text("source"), self.text("date")
+        try:
+            datetime.date.fromisoformat(date)
+        except ValueError:
+            raise self.fail("date", f"'{date}' is not an ISO date (YYYY-MM-DD)") from None
+        return source, date
+
+
+def _read(path: Path, columns: tuple[str, ...]) -> list[_Row]:
+    """Rows of a CSV whose header must be exactly `columns`; blank lines are skipped."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None or tuple(h.strip() for h in header) != columns:
+                raise EstimatorError(f"{path}: row 1: header must be exactly "
+                                     f"'{','.join(columns)}', got '{','.join(header or [])}'")
+            rows = []
+            for fields in reader:
+                if not any(x.strip() for x in fields):
+                    continue
+                if len(fields) != len(columns):
+                    raise EstimatorError(f"{path}: row {reader.line_num}: expected {len(columns)} "
+                                         f"columns, got {len(fields)}")
+                rows.append(_Row(path, reader.line_num, dict(zip(columns, fields))))
+            return rows
+    except OSError as e:
+        raise EstimatorError(f"cannot read table {path}: {e.strerror or e}") from None
+    except csv.Error as e:
+        raise EstimatorError(f"{path}: malformed CSV: {e}") from None
+
+
+def _unknown(kind: str, name: str, known) -> EstimatorError:
+    return EstimatorError(f"unknown {kind} '{name}'; known: {', '.join(known)}")
+
+
+# ---------------------------------------------------------------- loaders
+
+
+def _load_interconnects(path: Path) -> dict[str, Interconnect]:
+    out: dict[str, Interconnect] = {}
+    for r in _read(path, INTERCONNECT_COLUMNS):
+        name = r.text("name")
+        if name in out:
+            raise r.fail("name", f"duplicate interconnect '{name}'")
+        out[name] = Interconnect(name, r.integer("bandwidth_bytes_per_s"), r.number("latency_s"),
+                                 r.choice("scope", SCOPES), *r.provenance())
+    return out
+
+
+def _load_gpus(path: Path) -> dict[str, GpuSpec]:
+    links = interconnects()
+    out: dict[str, GpuSpec] = {}
+    for r in _read(path, GPU_COLUMNS):
+        slug = r.text("slug")
+        if slug != slug.lower():
+            raise r.fail("slug", f"'{slug}' must be lower case")
+        if slug in out:
+            raise r.fail("slug", f"duplicate slug '{slug}'")
+        link = r.text("intra_node_interconnect")
+        if link not in links:
+            raise r.fail("intra_node_interconnect", f"unknown interconnect '{link}'; known: {', '.join(links)}")
+        if links[link].scope != "intra-node":
+            raise r.fail("intra_node_interconnect", f"'{link}' is not an intra-node link")
+        out[slug] = GpuSpec(
+            slug, r.text("name"), r.integer("memory_bytes"),
+            r.number("bf16_dense_tflops", optional=True), r.number("fp16_dense_tflops", optional=True),
+            r.number("tf32_dense_tflops", optional=True), r.number("fp32_tflops"),
+            r.number("int8_dense_tops", optional=True), r.integer("memory_bandwidth_bytes_per_s"),
+            link, *r.provenance())
+    return out
+
+
+def _load_prices(path: Path) -> tuple[Price, ...]:
+    known = gpus()
+    out = []
+    for r in _read(path, PRICE_COLUMNS):
+        slug = r.text("slug").lower()
+        if slug not in known:
+            raise r.fail("slug", f"unknown GPU '{slug}'; known: {', '.join(known)}")
+        out.append(Price(slug, r.text("provider"), r.number("usd_per_gpu_hour"),
+                         r.choice("pricing", PRICINGS), *r.provenance()))
+    return tuple(out)
+
+
+def _load_mfu(path: Path) -> dict[tuple[str, str], MfuDefault]:
+    known = gpus()
+    out: dict[tuple[str, str], MfuDefault] = {}
+    for r in _read(path, MFU_COLUMNS):
+        method, slug = r.choice("method", MFU_METHODS), r.text("gpu_slug").lower()
+        if slug != "*" and slug not in known:
+            raise r.fail("gpu_slug", f"unknown GPU '{slug}' (use a slug or '*')")
+        value = r.number("mfu")
+        if not value < 1:
+            raise r.fail("mfu", f"must be below 1, got {value}")
+        if (method, slug) in out:
+            raise r.fail("gpu_slug", f"duplicate row for ({method}, {slug})")
+        out[(method, slug)] = MfuDefault(method, slug, value, *r.provenance())
+    return out
+
+
+def _load_dtypes(path: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in _read(path, DTYPE_COLUMNS):
+        name = r.text("name").lower()
+        if name in out:
+            raise r.fail("name", f"duplicate dtype '{name}'")
+        value = r.number("bytes_per_element")
+        r.provenance()
+        out[name] = value
+    return out
+
+
+@lru_cache(maxsize=None)
+def interconnects() -> dict[str, Interconnect]:
+    """All links of interconnects.csv by name, in file order (cached; do not mutate)."""
+    return _load_interconnects(DATA_DIR / "interconnects.csv")
+
+
+@lru_cache(maxsize=None)
+def gpus() -> dict[str, GpuSpec]:
+    """All GPUs of gpus.csv by slug, in file order (cached; do not mutate)."""
+    return _load_gpus(DATA_DIR / "gpus.csv")
+
+
+@lru_cache(maxsize=None)
+def _mfu_table() -> dict[tuple[str, str], MfuDefault]:
+    return _load_mfu(DATA_DIR / "mfu.csv")
+
+
+@lru_cache(maxsize=None)
+def _dtype_table() -> dict[str, float]:
+    return _load_dtypes(DATA_DIR / "dtypes.csv")
+
+
+@lru_cache(maxsize=64)
+def _price_file(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[Price, ...], dict[str, tuple[Price, ...]]]:
+    """Rows of one price file plus its on-demand rows per slug, cheapest first."""
+    rows = _load_prices(Path(path))
+    index: dict[str, list[Price]] = {}
+    for p in rows:
+        if p.pricing == "on-demand":
+            index.setdefault(p.slug, []).append(p)
+    return rows, {slug: tuple(sorted(ps, key=lambda p: p.usd_per_gpu_hour)) for slug, ps in index.items()}
+
+
+@lru_cache(maxsize=None)
+def _shipped_prices() -> tuple[tuple[Price, ...], dict[str, tuple[Price, ...]]]:
+    file = DATA_DIR / "prices.csv"
+    st = os.stat(file)
+    return _price_file(str(file), st.st_mtime_ns, st.st_size)
+
+
+def _prices(path: str | None) -> tuple[tuple[Price, ...], dict[str, tuple[Price, ...]]]:
+    if path is None:
+        return _shipped_prices()
+    file = os.path.abspath(path)
+    try:
+        st = os.stat(file)
+    except OSError as e:
+        raise EstimatorError(f"cannot read price file {file}: {e.strerror or e}") from None
+    return _price_file(file, st.st_mtime_ns, st.st_size)   # re-read when the file changes
+
+
+# ---------------------------------------------------------------- lookups
+
+
+def gpu(slug: str) -> GpuSpec:
+    """The GPU with this slug (case-insensitive)."""
+    table = gpus()
+    spec = table.get(slug) or table.get(slug.lower())
+    if spec is None:
+        raise _unknown("GPU", slug, table)
+    return spec
+
+
+def interconnect(name: str) -> Interconnect:
+    """The link with this name (case-insensitive)."""
+    table = interconnects()
+    link = table.get(name) or table.get(name.lower())
+    if link is None:
+        raise _unknown("interconnect", name, table)
+    return link
+
+
+def prices(path: str | None = None) -> list[Price]:
+    """All price rows: the shipped table, or a user's CSV with the same columns (replaces it)."""
+    return list(_prices(path)[0])
+
+
+def price(slug: str, path: str | None = None, provider: str | None = None) -> Price:
+    """Cheapest on-demand price for the GPU (of one provider when given), USD per GPU-hour."""
+    spec = gpu(slug)
+    offers = _prices(path)[1].get(spec.slug, ())
+    where = "the shipped price table" if path is None else path
+    if provider is not None:
+        mine = [p for p in offers if p.provider.lower() == provider.lower()]
+        if not mine:
+            have = sorted({p.provider for p in offers}) or ["none"]
+            raise EstimatorError(f"no on-demand price for '{spec.slug}' from provider '{provider}' in "
+                                 f"{where}; providers with one: {', '.join(have)}")
+        return mine[0]
+    if not offers:
+        raise EstimatorError(f"no on-demand price for '{spec.slug}' in {where}; add a row "
+                             f"'{spec.slug},<provider>,<usd_per_gpu_hour>,on-demand,<source>,<date>'")
+    return offers[0]
+
+
+def mfu_default(method: str, gpu_slug: str) -> MfuDefault:
+    """Default MFU for (method, GPU): the GPU's own row, else the method's '*' row."""
+    table = _mfu_table()
+    slug = gpu_slug.lower()
+    row = table.get((method, slug)) or table.get((method, "*"))
+    if row is None:
+        methods = sorted({m for m, _ in table})
+        raise EstimatorError(f"no default MFU for method '{method}' on '{gpu_slug}'; "
+                             f"methods: {', '.join(methods)}")
+    return row
+
+
+def dtype_bytes(name: str) -> float:
+    """Bytes per element of a storage dtype (may be fractional: nf4 = 0.5)."""
+    table = _dtype_table()
+    value = table.get(name) or table.get(name.lower())
+    if value is None:
+        raise _unknown("dtype", name, table)
+    return value
+
+
+def validate_all() -> None:
+    """Load every shipped table (full schema checks) and check cross-table rules."""
+    known = gpus()
+    priced = set(_prices(None)[1])
+    for slug in known:
+        if slug not in priced:
+            raise EstimatorError(f"{DATA_DIR / 'prices.csv'}: no on-demand price row for GPU '{slug}' of gpus.csv")
+    _mfu_table()
+    _dtype_table()

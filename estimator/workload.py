@@ -1,0 +1,155 @@
+"""`Workload`: the one noun every part of the product speaks about.
+
+A frozen, hashable description of one job on one kind of GPU: model, method, precision,
+optimizer, sizes, parallelism. `validate()` turns impossible combinations into EstimatorError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from estimator.errors import EstimatorError
+from estimator.model import ModelSpec
+from estimator.params import ALL_LINEAR
+
+METHODS = ("full", "lora", "qlora", "inference")
+PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
+OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor")
+ADAMW_IMPLS = ("fused", "foreach", "single")
+ATTENTIONS = ("eager", "sdpa", "flash")
+QUANTS = ("none", "int8", "nf4", "fp4")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+ZERO_STAGES = (0, 1, 2, 3)
+DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama-style models
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One job. Sizes: `batch` is the micro-batch per GPU, `seq` tokens per sample (the prompt
+    for inference), `new_tokens` generated tokens (inference), `gpus` GPUs per node."""
+
+    model: ModelSpec
+    method: str = "full"
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    adamw_impl: str = "fused"       # HF Trainer's default optim is adamw_torch_fused (torch >= 2.8)
+    batch: int = 1
+    seq: int = 512
+    new_tokens: int = 0
+    grad_accum: int = 1
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    grad_ckpt: bool = False
+    attn: str = "sdpa"
+    quant: str = "none"
+    double_quant: bool = True
+    gpus: int = 1
+    nodes: int = 1
+    zero: int = 0
+    offload: str = "none"
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def training(self) -> bool:
+        return self.method != "inference"
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: the GPUs left after tensor and pipeline parallel."""
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def amp(self) -> bool:
+        """fp32 weights kept, matmuls run in half precision under autocast."""
+        return self.precision.startswith("amp-")
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.precision.removeprefix("amp-")
+
+    @property
+    def id(self) -> str:
+        """Stable string id: model name then every field that differs from the default."""
+        parts = [self.model.name]
+        for f in fields(self):
+            if f.name == "model":
+                continue
+            value = getattr(self, f.name)
+            if value != f.default:
+                shown = ",".join(value) if isinstance(value, tuple) else value
+                parts.append(f"{f.name}={shown}")
+        return "|".join(parts)
+
+    def with_(self, **changes) -> "Workload":
+        """A copy with some fields changed (validated)."""
+        return replace(self, **changes).validate()
+
+    def validate(self) -> "Workload":
+        """Return self, or raise EstimatorError for the first impossible setting."""
+        _check_choices(self)
+        _check_sizes(self)
+        _check_method(self)
+        _check_parallel(self)
+        return self
+
+
+def _check_choices(w: Workload) -> None:
+    for name, allowed in (("method", METHODS), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
+                          ("adamw_impl", ADAMW_IMPLS), ("attn", ATTENTIONS), ("quant", QUANTS),
+                          ("offload", OFFLOADS), ("zero", ZERO_STAGES)):
+        if getattr(w, name) not in allowed:
+            raise EstimatorError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
+    unknown = [t for t in w.lora_targets if t not in ALL_LINEAR]
+    if unknown or not w.lora_targets:
+        raise EstimatorError(
+            f"unknown LoRA target {','.join(unknown) or '(none)'}; use module roles "
+            f"{','.join(ALL_LINEAR)} or all-linear")
+
+
+def _check_sizes(w: Workload) -> None:
+    for name in ("batch", "seq", "grad_accum", "lora_rank", "gpus", "nodes", "tp", "pp"):
+        value = getattr(w, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise EstimatorError(f"{name} must be a positive integer; got {value!r}")
+    if not isinstance(w.new_tokens, int) or w.new_tokens < 0:
+        raise EstimatorError(f"new_tokens must be a non-negative integer; got {w.new_tokens!r}")
+
+
+def _check_method(w: Workload) -> None:
+    if w.method == "qlora":
+        if w.quant not in ("nf4", "fp4"):
+            raise EstimatorError("QLoRA stores the base weights in 4 bits: quant must be nf4 or fp4")
+        if w.precision == "fp32":
+            raise EstimatorError(
+                "QLoRA with fp32 base weights is impossible: the base is 4-bit; choose bf16 or fp16 as "
+                "compute dtype (amp-bf16/amp-fp16 keep the non-quantized layers in fp32)")
+    elif w.method == "full" and w.quant != "none":
+        raise EstimatorError("a full fine-tune cannot train quantized weights; use --method lora or qlora")
+    elif w.method == "lora" and w.quant in ("nf4", "fp4"):
+        raise EstimatorError("LoRA on a 4-bit base is QLoRA: use --method qlora")
+    if w.method == "inference" and (w.zero or w.offload != "none"):
+        raise EstimatorError("ZeRO and offload apply to training; inference takes --gpus with --tp instead")
+    if w.method != "inference" and w.new_tokens:
+        raise EstimatorError("--new-tokens applies to inference only")
+    if w.attn == "flash" and w.compute_dtype == "fp32":
+        raise EstimatorError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
+    if w.quant != "none" and w.compute_dtype == "fp32" and w.method == "inference":
+        raise EstimatorError("quantized inference computes in fp16/bf16; choose --precision bf16 or fp16")
+
+
+def _check_parallel(w: Workload) -> None:
+    if w.world_size % (w.tp * w.pp):
+        raise EstimatorError(f"tp x pp = {w.tp * w.pp} must divide the {w.world_size} GPUs")
+    if w.model.num_heads % w.tp or w.model.num_kv_heads % w.tp and w.tp % w.model.num_kv_heads:
+        raise EstimatorError(f"tensor parallel {w.tp} must divide the {w.model.num_heads} attention heads")
+    if w.pp > w.model.num_layers:
+        raise EstimatorError(f"pipeline parallel {w.pp} exceeds the {w.model.num_layers} layers")
+    if w.offload != "none" and w.zero == 0:
+        raise EstimatorError("offload needs ZeRO: optimizer offload with --zero 1, 2 or 3")
+    if w.offload == "optimizer+params" and w.zero != 3:
+        raise EstimatorError("parameter offload needs ZeRO stage 3 (--zero 3)")

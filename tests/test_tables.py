@@ -1,0 +1,220 @@
+"""Schema and sanity tests of the shipped hardware/price/MFU/dtype tables and their loader."""
+
+import csv
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+# The package is not installed in the venv: make the repo root importable under plain `pytest`.
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from estimator import tables  # noqa: E402
+from estimator.errors import EstimatorError  # noqa: E402
+
+REQUIRED_SLUGS = [
+    "a100-80gb", "a100-80gb-pcie", "a100-40gb", "a100-40gb-pcie", "h100-80gb", "h100-80gb-pcie",
+    "h200-141gb", "l4-24gb", "l40s-48gb", "a10g-24gb", "a10-24gb", "rtx4090-24gb", "rtx3090-24gb",
+    "v100-16gb", "v100-32gb", "t4-16gb",
+]
+PRICE_HEADER = "slug,provider,usd_per_gpu_hour,pricing,source,date\n"
+
+
+def test_shipped_tables_validate():
+    tables.validate_all()
+
+
+def test_required_slugs_exist():
+    missing = [s for s in REQUIRED_SLUGS if s not in tables.gpus()]
+    assert not missing
+
+
+def test_every_row_has_source_and_date():
+    for rows in (tables.gpus().values(), tables.interconnects().values(), tables.prices()):
+        for row in rows:
+            assert row.source.strip() and row.date.strip()
+
+
+def test_dense_not_sparse():
+    # NVIDIA H100 datasheet: SXM BF16 1,979 TFLOPS *with sparsity* -> 989 dense.
+    assert 900 <= tables.gpu("h100-80gb").dense_tflops("bf16") <= 1000
+    # NVIDIA A100 datasheet: BF16 312 TFLOPS dense (624 with sparsity).
+    assert tables.gpu("a100-80gb").dense_tflops("bf16") == pytest.approx(312, abs=1)
+    # NVIDIA H100 datasheet, PCIe column: BF16 1,513 with sparsity -> 756 dense.
+    assert tables.gpu("h100-80gb-pcie").dense_tflops("bf16") == pytest.approx(756, abs=1)
+    # NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity -> 121 dense.
+    assert tables.gpu("l4-24gb").dense_tflops("bf16") == pytest.approx(121, abs=1)
+    # No dense 16-bit/TF32 peak of these GPUs reaches 1000 TFLOPS; a larger value is a sparse figure.
+    for spec in tables.gpus().values():
+        for dtype in ("bf16", "fp16", "tf32"):
+            value = getattr(spec, f"{dtype}_dense_tflops")
+            assert value is None or value < 1000, (spec.slug, dtype, value)
+
+
+def test_bf16_absent_on_v100_and_t4():
+    for slug in ("v100-16gb", "v100-32gb", "t4-16gb"):
+        spec = tables.gpu(slug)
+        assert spec.bf16_dense_tflops is None
+        with pytest.raises(EstimatorError, match="fp16"):
+            spec.dense_tflops("bf16")
+        assert spec.dense_tflops("fp16") > 0
+
+
+def test_unknown_dtype_and_gpu():
+    with pytest.raises(EstimatorError, match="known:"):
+        tables.gpu("b900")
+    with pytest.raises(EstimatorError):
+        tables.gpu("a100-80gb").dense_tflops("fp64")
+    with pytest.raises(EstimatorError):
+        tables.interconnect("smoke-signals")
+    with pytest.raises(EstimatorError):
+        tables.dtype_bytes("fp3")
+
+
+def test_lookup_is_case_insensitive():
+    assert tables.gpu("A100-80GB") is tables.gpu("a100-80gb")
+
+
+def test_memory_and_units():
+    assert tables.gpu("a100-80gb").memory_bytes > tables.gpu("a100-40gb").memory_bytes
+    assert tables.gpu("a100-80gb").memory_bytes == 81920 * 2**20
+    for spec in tables.gpus().values():
+        assert isinstance(spec.memory_bytes, int) and isinstance(spec.memory_bandwidth_bytes_per_s, int)
+        assert 8 * 2**30 < spec.memory_bytes < 200 * 2**30
+        assert 1e11 < spec.memory_bandwidth_bytes_per_s < 1e13
+        assert tables.interconnect(spec.intra_node_interconnect).scope == "intra-node"
+
+
+def test_interconnect_bandwidths_per_direction():
+    # H100 datasheet: NVLink 900 GB/s total bidirectional -> 450e9 per direction.
+    assert tables.interconnect("nvlink4").bandwidth_bytes_per_s == 450 * 10**9
+    assert tables.interconnect("nvlink3").bandwidth_bytes_per_s == 300 * 10**9
+    assert tables.interconnect("ib-ndr").scope == "inter-node"
+
+
+def test_every_price_positive_and_every_gpu_priced():
+    rows = tables.prices()
+    assert all(p.usd_per_gpu_hour > 0 for p in rows)
+    for slug in tables.gpus():
+        p = tables.price(slug)
+        assert p.pricing == "on-demand" and p.usd_per_gpu_hour > 0
+        assert p.usd_per_gpu_hour == min(r.usd_per_gpu_hour for r in rows
+                                         if r.slug == slug and r.pricing == "on-demand")
+
+
+def test_price_by_provider():
+    assert tables.price("h100-80gb", provider="AWS").provider == "aws"
+    with pytest.raises(EstimatorError, match="provider"):
+        tables.price("h100-80gb", provider="nowhere")
+
+
+def test_user_price_file_overrides(tmp_path):
+    f = tmp_path / "my_prices.csv"
+    f.write_text(PRICE_HEADER
+                 + "a100-80gb,mycloud,0.5,on-demand,my contract,2026-01-02\n"
+                 + "a100-80gb,mycloud,0.1,spot,my contract,2026-01-02\n")
+    p = tables.price("a100-80gb", path=str(f))
+    assert (p.provider, p.usd_per_gpu_hour) == ("mycloud", 0.5)
+    assert len(tables.prices(str(f))) == 2
+    assert tables.price("a100-80gb").provider != "mycloud"   # shipped table untouched
+    with pytest.raises(EstimatorError, match="no on-demand price for 'h100-80gb'"):
+        tables.price("h100-80gb", path=str(f))
+    # Editing the file is seen on the next call.
+    f.write_text(PRICE_HEADER + "a100-80gb,mycloud,0.75,on-demand,my contract v2,2026-02-03\n")
+    assert tables.price("a100-80gb", path=str(f)).usd_per_gpu_hour == 0.75
+
+
+@pytest.mark.parametrize("body, row, column", [
+    ("a100-80gb,mycloud,1.0,on-demand,,2026-01-02\n", 2, "source"),
+    ("a100-80gb,mycloud,1.0,on-demand,x,2026-01-02\na100-80gb,mycloud,-1,on-demand,x,2026-01-02\n",
+     3, "usd_per_gpu_hour"),
+    ("a100-80gb,mycloud,abc,on-demand,x,2026-01-02\n", 2, "usd_per_gpu_hour"),
+    ("a100-80gb,mycloud,1.0,on-demand,x,02/01/2026\n", 2, "date"),
+    ("a100-80gb,mycloud,1.0,hourly,x,2026-01-02\n", 2, "pricing"),
+    ("b900,mycloud,1.0,on-demand,x,2026-01-02\n", 2, "slug"),
+])
+def test_malformed_price_file_names_file_row_column(tmp_path, body, row, column):
+    f = tmp_path / "bad.csv"
+    f.write_text(PRICE_HEADER + body)
+    with pytest.raises(EstimatorError) as err:
+        tables.prices(str(f))
+    msg = str(err.value)
+    assert str(f) in msg and f"row {row}" in msg and f"'{column}'" in msg
+
+
+def test_bad_header(tmp_path):
+    f = tmp_path / "bad_header.csv"
+    f.write_text("slug,provider,price,pricing,source,date\na100-80gb,x,1,on-demand,x,2026-01-02\n")
+    with pytest.raises(EstimatorError, match=r"bad_header\.csv: row 1: header"):
+        tables.price("a100-80gb", path=str(f))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(EstimatorError, match="cannot read"):
+        tables.prices(str(tmp_path / "nope.csv"))
+
+
+def _copy_gpus(tmp_path, edit):
+    with open(tables.DATA_DIR / "gpus.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    edit(rows)
+    out = tmp_path / "gpus.csv"
+    with open(out, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return out
+
+
+def test_unknown_interconnect_names_row(tmp_path):
+    col = tables.GPU_COLUMNS.index("intra_node_interconnect")
+    path = _copy_gpus(tmp_path, lambda rows: rows[3].__setitem__(col, "nvlink9"))
+    with pytest.raises(EstimatorError, match=r"row 4, column 'intra_node_interconnect'.*nvlink9"):
+        tables._load_gpus(path)
+
+
+@pytest.mark.parametrize("column, value, problem", [
+    ("memory_bytes", "80.5", "integer"),
+    ("fp32_tflops", "-19.5", "positive"),
+    ("slug", "a100-80gb", "duplicate"),
+    ("date", "", "empty"),
+])
+def test_malformed_gpu_rows(tmp_path, column, value, problem):
+    col = tables.GPU_COLUMNS.index(column)
+    path = _copy_gpus(tmp_path, lambda rows: rows[2].__setitem__(col, value))
+    with pytest.raises(EstimatorError, match=rf"row 3, column '{column}'.*{problem}"):
+        tables._load_gpus(path)
+
+
+def test_dtype_bytes():
+    assert tables.dtype_bytes("nf4") == 0.5
+    assert tables.dtype_bytes("bf16") == 2
+    assert tables.dtype_bytes("FP32") == 4
+    assert tables.dtype_bytes("int64") == 8
+
+
+def test_mfu_defaults():
+    table = tables._mfu_table()
+    assert table and all(0 < m.mfu < 1 for m in table.values())
+    for method in tables.MFU_METHODS:
+        assert 0 < tables.mfu_default(method, "t4-16gb").mfu < 1   # every method has a '*' row
+    assert tables.mfu_default("full", "a100-80gb").gpu_slug == "a100-80gb"
+    assert tables.mfu_default("full", "rtx3090-24gb").gpu_slug == "*"
+    with pytest.raises(EstimatorError, match="methods"):
+        tables.mfu_default("dpo", "a100-80gb")
+
+
+def test_mfu_of_one_is_rejected(tmp_path):
+    f = tmp_path / "mfu.csv"
+    f.write_text("method,gpu_slug,mfu,source,date\nfull,*,1.0,x,2026-01-02\n")
+    with pytest.raises(EstimatorError, match=r"row 2, column 'mfu'"):
+        tables._load_mfu(f)
+
+
+def test_numbers_are_finite():
+    for spec in tables.gpus().values():
+        for field in ("bf16_dense_tflops", "fp16_dense_tflops", "tf32_dense_tflops", "fp32_tflops",
+                      "int8_dense_tops"):
+            v = getattr(spec, field)
+            assert v is None or math.isfinite(v)
