@@ -43,11 +43,7 @@ def matmul_params(spec: ModelSpec, p: ParamCounts) -> tuple[float, float]:
 
 def attention_flops_per_token(spec: ModelSpec, keys: int) -> float:
     """Forward attention FLOPs of one query token over `keys` keys, summed over layers."""
-    total = 0.0
-    for kind in spec.layer_types or ("full",) * spec.num_layers:
-        k = min(keys, spec.sliding_window) if kind == "sliding" and spec.sliding_window else keys
-        total += 4.0 * spec.q_dim * k
-    return total
+    return 4.0 * spec.q_dim * spec.attended_tokens(keys)
 
 
 def training_flops(w: Workload) -> FlopBreakdown:

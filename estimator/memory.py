@@ -241,10 +241,7 @@ def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, t
 
     Sliding-window layers cache at most `sliding_window` tokens (transformers 5 DynamicCache).
     """
-    total = 0
-    for kind in spec.layer_types or ("full",) * spec.num_layers:
-        cached = min(tokens, spec.sliding_window) if kind == "sliding" and spec.sliding_window else tokens
-        total += cached
+    total = spec.attended_tokens(tokens)
     return 2 * batch * total * spec.kv_dim * dtype_bytes // tp
 
 

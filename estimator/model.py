@@ -7,7 +7,8 @@ defaults of the transformers 5.23 config class of that `model_type`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from functools import cached_property
 
 from estimator.errors import EstimatorError
 
@@ -54,6 +55,15 @@ class ModelSpec:
     logit_softcap: bool = False
     max_position_embeddings: int = 0
 
+    def __hash__(self) -> int:
+        # Specs are dictionary keys of every cache; hashing 30 fields each time costs more than
+        # the arithmetic they feed, so the hash is computed once.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(astuple(self))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     @property
     def q_dim(self) -> int:
         """Width of the query projection output (heads x head_dim)."""
@@ -63,6 +73,17 @@ class ModelSpec:
     def kv_dim(self) -> int:
         """Width of one of the key/value projection outputs (kv heads x head_dim)."""
         return self.num_kv_heads * self.head_dim
+
+    @cached_property
+    def window_layers(self) -> tuple[int, int]:
+        """(layers attending to every token, layers attending to a sliding window)."""
+        sliding = sum(1 for t in self.layer_types if t == "sliding") if self.sliding_window else 0
+        return self.num_layers - sliding, sliding
+
+    def attended_tokens(self, tokens: int) -> int:
+        """Sum over layers of the keys one query at position `tokens` attends (or caches)."""
+        full, sliding = self.window_layers
+        return full * tokens + (sliding * min(tokens, self.sliding_window) if sliding else 0)
 
     @property
     def is_moe(self) -> bool:

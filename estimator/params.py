@@ -8,7 +8,7 @@ biases of the quantized layers stay in the compute dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from estimator.model import ModelSpec
 
@@ -53,30 +53,30 @@ class ParamCounts:
     largest_layer: int    # largest single parameter tensor (ZeRO-3 gather, optimizer temporaries)
     active_expert_fraction: float  # experts_per_token / num_experts (1.0 for dense)
 
-    @property
+    @cached_property
     def linear_weights(self) -> int:
         return sum(lin.weight_params for lin in self.linears)
 
-    @property
+    @cached_property
     def linear_biases(self) -> int:
         return sum(lin.bias_params for lin in self.linears)
 
-    @property
+    @cached_property
     def expert_weights(self) -> int:
         return sum(lin.weight_params for lin in self.linears if lin.expert)
 
-    @property
+    @cached_property
     def total(self) -> int:
         return (self.embedding + self.positions + self.lm_head + self.lm_head_bias + self.norms
                 + self.router + self.linear_weights + self.linear_biases)
 
-    @property
+    @cached_property
     def active(self) -> int:
         """Parameters used per token: all but the unrouted experts (MoE); equals total for dense."""
         idle = self.expert_weights + sum(l.bias_params for l in self.linears if l.expert)
         return self.total - round(idle * (1.0 - self.active_expert_fraction))
 
-    @property
+    @cached_property
     def non_embedding(self) -> int:
         """Parameters that do matmul work per token (lm_head counts; lookups do not)."""
         return self.total - self.embedding - self.positions + (self.embedding if self._tied_head else 0)

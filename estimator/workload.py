@@ -91,10 +91,13 @@ class Workload:
 
     def validate(self) -> "Workload":
         """Return self, or raise EstimatorError for the first impossible setting."""
+        if self.__dict__.get("_valid"):  # frozen: once valid, always valid
+            return self
         _check_choices(self)
         _check_sizes(self)
         _check_method(self)
         _check_parallel(self)
+        object.__setattr__(self, "_valid", True)
         return self
 
 
