@@ -78,6 +78,9 @@ def advice(result: Estimate, calibration: str) -> list[str]:
     if w.batch > 1:
         tries.append((f"--batch {max(1, w.batch // 2)} --grad-accum {w.grad_accum * 2}",
                       dict(batch=max(1, w.batch // 2), grad_accum=w.grad_accum * 2)))
+    if w.training and w.batch > 1 and not w.grad_ckpt:
+        tries.append((f"--grad-ckpt --batch 1 --grad-accum {w.grad_accum * w.batch}",
+                      dict(grad_ckpt=True, batch=1, grad_accum=w.grad_accum * w.batch)))
     if w.method == "full":
         tries.append(("--method lora", dict(method="lora")))
         tries.append(("--method qlora", dict(method="qlora", quant="nf4", precision="bf16")))
