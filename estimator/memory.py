@@ -10,8 +10,8 @@ larger of the prefill working set and a decode step.
 
 Regimes (DESIGN.md section 3): torch without ZeRO keeps weights, gradients and optimizer states in
 the parameter dtype (AMP: fp32 everywhere; pure bf16: 2+2+4 B); DeepSpeed (ZeRO >= 1) with bf16/fp16
-keeps half weights and gradients plus fp32 master weights, fp32 Adam states and an fp32 gradient
-partition (2+2+4+8+4 = 18 B before partitioning).
+keeps half weights and gradients plus fp32 master weights and fp32 Adam states, and turns the half
+gradients into an fp32 partition for the update (2 + max(2, 4) + 4 + 8 = 18 B before partitioning).
 """
 
 from __future__ import annotations
@@ -109,13 +109,21 @@ def _quantized_linear_bytes(w: Workload, n: float, rows: float) -> float:
 
 
 def weights_bytes(w: Workload, p: ParamCounts, s: _Sizes) -> float:
-    """Base weights on one GPU (adapters excluded)."""
+    """Base weights on one GPU (adapters excluded).
+
+    bitsandbytes replaces nn.Linear modules only: transformers 5 stores MoE experts as fused 3-D
+    parameters, which stay unquantized. Under AMP the model is loaded in fp32 and peft's
+    prepare_model_for_kbit_training upcasts every non-quantized parameter to fp32.
+    """
     base = _base_dtype_bytes(w)
     if w.quant == "none":
         return s.total * base
-    rows = sum(lin.d_out * lin.count for lin in p.linears) * s.linear_w / max(p.linear_weights, 1)
-    other = 4 if (w.method == "qlora" and w.amp) else 2  # prepare_model_for_kbit_training: fp32
-    return _quantized_linear_bytes(w, s.linear_w, rows) + (s.total - s.linear_w) * other
+    frac = s.linear_w / max(p.linear_weights, 1)
+    dense = [lin for lin in p.linears if not lin.expert]
+    quantized = sum(lin.weight_params for lin in dense) * frac
+    rows = sum(lin.d_out * lin.count for lin in dense) * frac
+    other = 4 if w.amp else 2
+    return _quantized_linear_bytes(w, quantized, rows) + (s.total - quantized) * other
 
 
 @dataclass(frozen=True)
@@ -135,11 +143,39 @@ def _training(w: Workload, p: ParamCounts, s: _Sizes) -> _Training:
     return _Training(lora_params(w, p) / (w.tp * w.pp), 4, 4, False)
 
 
+def _trainable_tensors(w: Workload, p: ParamCounts) -> list[tuple[int, int]]:
+    """(elements, how many) of every trainable tensor: the granularity of 8-bit optimizers."""
+    spec = w.model
+    if w.method != "full":
+        return [t for lin in p.linears if lin.role in w.lora_targets and not lin.expert
+                for t in ((w.lora_rank * lin.d_in, lin.count), (w.lora_rank * lin.d_out, lin.count))]
+    out = [(lin.d_in * lin.d_out, lin.count) for lin in p.linears]
+    out += [(lin.d_out, lin.count) for lin in p.linears if lin.bias]
+    per_norm = 2 if spec.norm == "layer" else 1
+    out.append((spec.hidden_size, per_norm * (spec.norms_per_layer * spec.num_layers + int(spec.final_norm))))
+    if spec.qk_norm:
+        out.append((spec.head_dim, per_norm * 2 * spec.num_layers))
+    if spec.embed_norm:
+        out.append((spec.embed_dim, per_norm))
+    out += [(n, 1) for n in (p.embedding, p.lm_head, p.lm_head_bias, p.positions) if n]
+    if p.router:
+        out.append((p.router // max(spec.num_moe_layers, 1), max(spec.num_moe_layers, 1)))
+    return out
+
+
+def _bnb_8bit_state_bytes(w: Workload, p: ParamCounts) -> float:
+    """bitsandbytes 8-bit Adam: two uint8 states + one fp32 absmax per block per state; tensors
+    under min_8bit_size keep two fp32 states (8 B per element)."""
+    limit, block = overhead("bnb_min_8bit_size"), overhead("bnb_blocksize_8bit_optimizer")
+    total = 0
+    for n, count in _trainable_tensors(w, p):
+        total += count * (8 * n if n < limit else 2 * n + 8 * math.ceil(n / block))
+    return total
+
+
 def _optimizer_bytes_per_param(w: Workload, state_bytes: int) -> float:
     if w.optimizer in ("adamw", "paged-adamw"):
         return 2 * state_bytes
-    if w.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
-        return 2 * (1 + 4 / overhead("bnb_blocksize_8bit_optimizer"))
     if w.optimizer == "sgd":
         return state_bytes
     return 0.0  # adafactor: counted from matrix shapes
@@ -161,7 +197,8 @@ def _optimizer_temporaries(w: Workload, t: _Training, p: ParamCounts) -> float:
     if w.zero >= 1 or w.optimizer not in ("adamw", "sgd", "adafactor"):
         return 0.0
     largest = p.largest_layer if w.method == "full" else max(
-        (w.lora_rank * max(lin.d_in, lin.d_out) for lin in p.linears), default=0)
+        (w.lora_rank * max(lin.d_in, lin.d_out) for lin in p.linears
+         if lin.role in w.lora_targets and not lin.expert), default=0)
     if w.optimizer == "adafactor":
         return 2 * 4 * largest
     if w.optimizer == "sgd" or w.adamw_impl == "fused":
@@ -194,7 +231,12 @@ def _states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
     weights = base_weights + adapters
     grads = t.trainable * t.param_bytes
     per_param = _optimizer_bytes_per_param(w, t.state_bytes)
-    opt = _adafactor_state(w, p) / (w.tp * w.pp) if w.optimizer == "adafactor" else t.trainable * per_param
+    if w.optimizer == "adafactor":
+        opt = _adafactor_state(w, p) / (w.tp * w.pp)
+    elif w.optimizer.endswith("8bit"):
+        opt = _bnb_8bit_state_bytes(w, p) / (w.tp * w.pp)
+    else:
+        opt = t.trainable * per_param
     master = t.trainable * 4 if t.deepspeed_half else 0.0
     fp32_grad = t.trainable * 4 if t.deepspeed_half else 0.0
     temps = _optimizer_temporaries(w, t, p)
@@ -220,7 +262,9 @@ def _states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
     paged = 0.0
     if w.optimizer.startswith("paged"):
         paged, opt = opt, 0.0
-    return _States(weights, grads + fp32_grad, opt, master, temps, buffers, paged, host)
+    # DeepSpeed casts the half gradient partition to fp32 and frees the half gradients before
+    # the update, so the two are not live together: 2 + max(2, 4) + 4 + 8 = 18 B at ZeRO-1, 1 GPU.
+    return _States(weights, max(grads, fp32_grad), opt, master, temps, buffers, paged, host)
 
 
 def _activation_bytes(w: Workload, spec: ModelSpec, layers: int) -> float:

@@ -7,6 +7,7 @@ defaults of the transformers 5.23 config class of that `model_type`.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import astuple, dataclass
 from functools import cached_property
 
@@ -63,6 +64,12 @@ class ModelSpec:
             cached = hash(astuple(self))
             object.__setattr__(self, "_hash", cached)
         return cached
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """8 hex digits of a hash of the architecture (stable across processes, name excluded)."""
+        fields = astuple(self)[1:]
+        return hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
 
     @property
     def q_dim(self) -> int:

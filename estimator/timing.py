@@ -52,7 +52,7 @@ def _link(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> tables.Interconn
     if w.nodes == 1:
         return intra
     inter = tables.interconnect(inter_node)
-    # per GPU, the inter-node link is shared by the node's GPUs unless each GPU has its own NIC
+    # assumes one NIC per GPU (DGX/HGX style): each GPU gets the whole inter-node bandwidth
     return inter if inter.bandwidth_bytes_per_s < intra.bandwidth_bytes_per_s else intra
 
 

@@ -74,8 +74,9 @@ class Workload:
 
     @property
     def id(self) -> str:
-        """Stable string id: model name then every field that differs from the default."""
-        parts = [self.model.name]
+        """Stable string id: model name and architecture fingerprint, then every field that
+        differs from the default (two configs in folders of the same name stay apart)."""
+        parts = [f"{self.model.name}#{self.model.fingerprint}"]
         for f in fields(self):
             if f.name == "model":
                 continue

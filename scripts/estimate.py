@@ -85,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     except EstimatorError as exc:
         print(f"estimate.py: error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result.data, indent=2, sort_keys=False))
-    else:
-        print(result.text)
+    try:
+        print(json.dumps(result.data, indent=2) if args.json else result.text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head` closed the pipe: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
