@@ -99,8 +99,21 @@ def _mlp_width(spec: ModelSpec) -> tuple[int, float]:
     return spec.intermediate_size, 1.0
 
 
+_LAYER_CACHE: dict = {}
+
+
 def layer_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
     """Bytes saved for backward by one decoder layer per token (no checkpointing, no scores)."""
+    key = (spec, w.method, w.precision, w.attn, w.lora_targets)
+    hit = _LAYER_CACHE.get(key)
+    if hit is None:
+        if len(_LAYER_CACHE) > 4096:
+            _LAYER_CACHE.clear()
+        hit = _LAYER_CACHE[key] = _layer_bytes_per_token(spec, w)
+    return hit
+
+
+def _layer_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
     a = _act_dtype_bytes(w)
     h = spec.hidden_size
     n_norm = spec.norms_per_layer

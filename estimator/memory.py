@@ -220,8 +220,25 @@ class _States:
     host: float
 
 
+_STATES_CACHE: dict = {}
+
+
 def _states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
-    """Weights, gradients, optimizer states and master weights per GPU, after ZeRO and offload."""
+    """Weights, gradients, optimizer states and master weights per GPU, after ZeRO and offload.
+
+    They do not depend on batch or sequence, so planners that sweep those reuse them (cached).
+    """
+    key = (w.model, w.method, w.precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
+           w.quant, w.double_quant, w.gpus, w.nodes, w.zero, w.offload, w.tp, w.pp)
+    hit = _STATES_CACHE.get(key)
+    if hit is None:
+        if len(_STATES_CACHE) > 4096:
+            _STATES_CACHE.clear()
+        hit = _STATES_CACHE[key] = _compute_states(w, p, s)
+    return hit
+
+
+def _compute_states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
     base_weights = weights_bytes(w, p, s)
     if not w.training:
         return _States(base_weights, 0, 0, 0, 0, 0, 0, 0)
