@@ -10,8 +10,9 @@ larger of the prefill working set and a decode step.
 
 Regimes (DESIGN.md section 3): torch without ZeRO keeps weights, gradients and optimizer states in
 the parameter dtype (AMP: fp32 everywhere; pure bf16: 2+2+4 B); DeepSpeed (ZeRO >= 1) with bf16/fp16
-keeps half weights and gradients plus fp32 master weights and fp32 Adam states, and turns the half
-gradients into an fp32 partition for the update (2 + max(2, 4) + 4 + 8 = 18 B before partitioning).
+keeps half weights and gradients plus fp32 master weights and fp32 Adam states, and casts the half
+gradients to an fp32 partition for the update while both are live (2+2+4+4+8 = 20 B before
+partitioning, DeepSpeed's own estimator figure).
 """
 
 from __future__ import annotations
@@ -260,12 +261,13 @@ def _compute_states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
     buffers = 0.0
     if z >= 1:
         opt, master, fp32_grad = opt / dp, master / dp, fp32_grad / dp
+    if z >= 1:  # DeepSpeed allocates its reduce bucket at every stage, whatever the model size
+        buffers = overhead("zero_reduce_bucket_elements") * t.param_bytes
     if z >= 2:
-        bucket = min(overhead("zero_reduce_bucket_elements"), t.trainable) * t.param_bytes
-        grads, buffers = grads / dp, bucket
+        grads = grads / dp
     if z == 3:
         weights = weights / dp
-        buffers = (p.largest_layer / (w.tp * w.pp)) * 2 * t.param_bytes  # DeepSpeed: params + grads
+        buffers += (p.largest_layer / (w.tp * w.pp)) * 2 * t.param_bytes  # DeepSpeed: params + grads
         buffers += overhead("zero3_prefetch_bucket_elements") * t.param_bytes
     if z == 0 and dp > 1:
         buffers = grads  # DDP copies gradients into its own buckets (gradient_as_bucket_view=False)
@@ -273,15 +275,18 @@ def _compute_states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
     if w.offload != "none":
         host = opt + master + fp32_grad
         opt, master, fp32_grad = 0.0, 0.0, 0.0
+        if z >= 2:  # the half gradient partition lives on the CPU too (DeepSpeed offload path)
+            host, grads = host + grads, 0.0
     if w.offload == "optimizer+params":
         host += weights
         weights = 0.0
     paged = 0.0
     if w.optimizer.startswith("paged"):
         paged, opt = opt, 0.0
-    # DeepSpeed casts the half gradient partition to fp32 and frees the half gradients before
-    # the update, so the two are not live together: 2 + max(2, 4) + 4 + 8 = 18 B at ZeRO-1, 1 GPU.
-    return _States(weights, max(grads, fp32_grad), opt, master, temps, buffers, paged, host)
+    # DeepSpeed casts the half gradient partition to fp32 before it frees the half gradients
+    # (stage_1_and_2.py step()), so both are live at that moment: 2 + 2 + 4 + 4 + 8 = 20 B per
+    # parameter at ZeRO-1 on one GPU, as DeepSpeed's own estimator counts (2P + 18P/N).
+    return _States(weights, grads + fp32_grad, opt, master, temps, buffers, paged, host)
 
 
 def _activation_bytes(w: Workload, spec: ModelSpec, layers: int) -> float:
@@ -298,12 +303,22 @@ def _activation_bytes(w: Workload, spec: ModelSpec, layers: int) -> float:
 
 
 def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, tp: int = 1) -> int:
-    """2 (K and V) x layers x batch x cached tokens x kv heads x head_dim x bytes.
+    """2 (K and V) x layers x batch x cached tokens x kv heads x head_dim x bytes, per GPU.
 
     Sliding-window layers cache at most `sliding_window` tokens (transformers 5 DynamicCache).
+    Tensor parallel splits kv heads; with more ranks than kv heads each rank keeps one whole head.
     """
-    total = spec.attended_tokens(tokens)
-    return 2 * batch * total * spec.kv_dim * dtype_bytes // tp
+    heads = spec.num_kv_heads // tp if spec.num_kv_heads >= tp else 1
+    return 2 * batch * spec.attended_tokens(tokens) * spec.head_dim * heads * dtype_bytes
+
+
+def inference_kv_bytes(spec: ModelSpec, batch: int, prompt: int, new_tokens: int, dtype_bytes: int,
+                       tp: int = 1) -> int:
+    """The largest KV cache held during generate: after the prefill, a sliding layer still holds
+    the whole prompt (its window is a view of the prefill tensor until the first decode step)."""
+    heads = spec.num_kv_heads // tp if spec.num_kv_heads >= tp else 1
+    after_prefill = 2 * batch * spec.num_layers * prompt * spec.head_dim * heads * dtype_bytes
+    return max(after_prefill, kv_cache_bytes(spec, batch, prompt + new_tokens, dtype_bytes, tp))
 
 
 def _inference_working_set(w: Workload, spec: ModelSpec) -> float:
@@ -363,7 +378,7 @@ def estimate_memory(w: Workload, reserve_fraction: float, context_bytes: int) ->
         acts = _inference_working_set(w, spec)
         logits = 0
         cache = 0
-        kv = kv_cache_bytes(spec, w.batch, w.seq + w.new_tokens, a, w.tp)
+        kv = inference_kv_bytes(spec, w.batch, w.seq, w.new_tokens, a, w.tp)
         kv_layer = kv / spec.num_layers  # DynamicCache grows by concatenation: one layer copied
         transient = acts + quant_ws + kv_layer
         phase = "prefill"

@@ -48,20 +48,20 @@ def test_mixed_precision_adam_16_bytes_per_param_amp(llama2):
     assert states == pytest.approx(16 * LLAMA2_7B_PARAMS, rel=EXACT)
 
 
-def test_zero_paper_k12_and_design_18_bytes(llama2):
-    """ZeRO stage 1 on one GPU holds everything (no partitioning). ZeRO paper: 2Ψ fp16/bf16
-    weights, 2Ψ gradients, K = 12 (fp32 master 4 + momentum 4 + variance 4) = 16Ψ.
-    DESIGN.md section 3: DeepSpeed mixed precision is "2 + 2 + 4 + 8 = 16 B, and 18 B counting fp32
-    gradients during the update". DeepSpeed 0.19.8 stage_1_and_2.py step(): the bf16 gradients are
-    flattened, cast to the fp32 partition gradient, and freed (`free_grad_in_param_list`,
-    `averaged_gradients[i] = None`) before `_optimizer_step`, so during the update the live set is
-    bf16 weights 2 + fp32 gradients 4 + master 4 + Adam 8 = 18 B (not 2 + 2 + 4 + 4 + 8 = 20)."""
+def test_zero_paper_k12_and_deepspeed_20_bytes(llama2):
+    """ZeRO stage 1 on one GPU holds everything (no partitioning). ZeRO paper (Rajbhandari et al.
+    2020, section 3.1): 2Ψ fp16/bf16 weights, 2Ψ gradients, K = 12 (fp32 master 4 + momentum 4 +
+    variance 4) = 16Ψ. DeepSpeed 0.19.8 stage_1_and_2.py step() casts the flat bf16 gradient
+    partition to fp32 before `free_grad_in_param_list` frees the bf16 gradients, so at that moment
+    2 + 2 + 4 (fp32 gradients) + 4 + 8 = 20 B per parameter are live; DeepSpeed's own
+    estimate_zero2_model_states_mem_needs gives the same 2P + 18P/N = 20P at N = 1."""
     m = mem(llama2, zero=1, gpus=1, seq=128)
     n = LLAMA2_7B_PARAMS
     assert m.weights_bytes == pytest.approx(2 * n, rel=EXACT)
     assert m.optimizer_states_bytes + m.master_weights_bytes == pytest.approx(12 * n, rel=EXACT)
+    paper = 2 * n + 2 * n + 12 * n
     states = m.weights_bytes + m.gradients_bytes + m.optimizer_states_bytes + m.master_weights_bytes
-    assert states == pytest.approx(18 * n, rel=EXACT)
+    assert states == pytest.approx(paper + 4 * n, rel=EXACT)
 
 
 def test_pure_bf16_8_bytes_per_param(llama2):

@@ -131,14 +131,8 @@ def test_optimizer_offload_moves_states_to_host(l8b):
     assert off.host_bytes > 0
     assert off.optimizer_states_bytes == 0 and off.master_weights_bytes == 0
     assert _states(off) < _states(on_gpu)
-    # bytes are moved, not lost: Adam states, fp32 master and the fp32 gradient partition
-    # (4 B per param / 8 ranks) go to the host; on the GPU the fp32 partition had replaced the
-    # bf16 gradient partition during the update (DeepSpeed frees one before the other lives).
-    n = l8b_params(l8b)
-    fp32_partition = 4 * n / 8
-    assert off.host_bytes == pytest.approx(
-        on_gpu.optimizer_states_bytes + on_gpu.master_weights_bytes + fp32_partition, abs=8)
-    assert on_gpu.gradients_bytes == pytest.approx(max(fp32_partition, off.gradients_bytes), abs=8)
+    # bytes are moved, not lost: what left the GPU is on the host
+    assert _states(on_gpu) - _states(off) == pytest.approx(off.host_bytes, abs=8)
     assert off.peak_allocated_bytes < on_gpu.peak_allocated_bytes
 
 
