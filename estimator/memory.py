@@ -261,6 +261,9 @@ def _compute_states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
     buffers = 0.0
     if z >= 1:
         opt, master, fp32_grad = opt / dp, master / dp, fp32_grad / dp
+    if z == 3 and w.offload == "none":  # stage 3 makes fp32 gradients one sub-group at a time
+        limit = overhead("zero3_sub_group_elements") + p.largest_layer / dp
+        fp32_grad = min(fp32_grad, 4 * limit) if t.deepspeed_half else fp32_grad
     if z >= 1:  # DeepSpeed allocates its reduce bucket at every stage, whatever the model size
         buffers = overhead("zero_reduce_bucket_elements") * t.param_bytes
     if z >= 2:
@@ -277,6 +280,8 @@ def _compute_states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
         opt, master, fp32_grad = 0.0, 0.0, 0.0
         if z >= 2:  # the half gradient partition lives on the CPU too (DeepSpeed offload path)
             host, grads = host + grads, 0.0
+        if z in (1, 2):  # stage_1_and_2.py: bf16 staging copy of the partition and a bf16 buffer
+            host += t.trainable / dp * t.param_bytes + 2 * p.largest_layer  # of the largest param
     if w.offload == "optimizer+params":
         host += weights
         weights = 0.0

@@ -131,8 +131,11 @@ def test_optimizer_offload_moves_states_to_host(l8b):
     assert off.host_bytes > 0
     assert off.optimizer_states_bytes == 0 and off.master_weights_bytes == 0
     assert _states(off) < _states(on_gpu)
-    # bytes are moved, not lost: what left the GPU is on the host
-    assert _states(on_gpu) - _states(off) == pytest.approx(off.host_bytes, abs=8)
+    # bytes are moved, not lost: what left the GPU is on the host, plus DeepSpeed's host staging
+    # buffers (stage_1_and_2.py): a bf16 copy of the partition (2 B x 8,030,261,248 / 8 ranks) and
+    # a bf16 buffer of the largest parameter (the 128256 x 4096 embedding, 2 B each)
+    staging = 2 * 8_030_261_248 / 8 + 2 * 128256 * 4096
+    assert off.host_bytes - (_states(on_gpu) - _states(off)) == pytest.approx(staging, abs=8)
     assert off.peak_allocated_bytes < on_gpu.peak_allocated_bytes
 
 
