@@ -52,6 +52,19 @@ def _read_json(path: Path) -> dict:
     return cfg
 
 
+def _quiet_hub_logging() -> None:
+    """The hub client logs retries and warnings on stderr; the user gets our one line instead."""
+    import logging
+
+    for name in ("huggingface_hub", "transformers", "urllib3"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        from transformers.utils import logging as tf_logging
+        tf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
 def _from_hub(model_id: str) -> dict:
     """AutoConfig from the Hub (or the local HF cache); every failure becomes one clear line."""
     try:
@@ -59,6 +72,7 @@ def _from_hub(model_id: str) -> dict:
     except ImportError:
         raise EstimatorError(f"unknown model '{model_id}': not a file, not in the catalog, and "
                              "transformers is not installed to ask the Hub") from None
+    _quiet_hub_logging()
     try:
         cfg = AutoConfig.from_pretrained(model_id, trust_remote_code=False)
     except ValueError as exc:
