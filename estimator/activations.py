@@ -28,10 +28,6 @@ from estimator.workload import Workload
 _ACT_SAVES = {"gelu_new": 4, "gelu_fast": 3, "quick_gelu": 2}
 
 
-def _act_dtype_bytes(w: Workload) -> int:
-    return 4 if w.compute_dtype == "fp32" else 2
-
-
 def _shared_input(w: Workload, consumers: int, a: int) -> int:
     """Bytes per element that linears sharing one input save: the input once if any weight (or
     adapter) trains; under AMP each linear keeps its own half-precision cast."""
@@ -69,7 +65,7 @@ def score_bytes_per_token(spec: ModelSpec, w: Workload, kv_tokens: int) -> int:
     """Eager attention keeps fp32 softmax and its half cast: heads x keys per query token."""
     if w.attn != "eager":
         return 0
-    a = _act_dtype_bytes(w)
+    a = w.activation_dtype_bytes
     dropout_mask = 1 if _dropout(spec) else 0
     return (4 + a + dropout_mask) * spec.num_heads * kv_tokens
 
@@ -91,7 +87,7 @@ def _mlp_bytes(spec: ModelSpec, w: Workload, a: int, width: int) -> int:
     return saved
 
 
-def _mlp_width(spec: ModelSpec) -> tuple[int, float]:
+def mlp_width(spec: ModelSpec) -> tuple[int, float]:
     """Width of the per-token feed-forward work and how many such blocks a token runs."""
     if spec.is_moe:
         shared = spec.shared_expert_intermediate_size
@@ -114,7 +110,7 @@ def layer_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
 
 
 def _layer_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
-    a = _act_dtype_bytes(w)
+    a = w.activation_dtype_bytes
     h = spec.hidden_size
     n_norm = spec.norms_per_layer
     total = n_norm * _norm_bytes(spec, w, a) * h
@@ -129,7 +125,7 @@ def _layer_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
         total += (4 + a) * (spec.q_dim + spec.kv_dim)
     if _trains(w, "o_proj") and not (w.attn == "flash"):
         total += a * spec.q_dim  # the contiguous copy of the attention output (a view under flash)
-    width, blocks = _mlp_width(spec)
+    width, blocks = mlp_width(spec)
     total += round(_mlp_bytes(spec, w, a, width) * blocks)
     if spec.is_moe:
         total += 4 * spec.num_experts + 8 * spec.experts_per_token  # router logits, top-k weights
@@ -145,7 +141,7 @@ def checkpoint_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
 
 def outside_layers_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
     """Final norm, embedding-side tensors and the lm_head input (logits counted apart)."""
-    a = _act_dtype_bytes(w)
+    a = w.activation_dtype_bytes
     h = spec.hidden_size
     total = _norm_bytes(spec, w, a) * h if spec.final_norm else 0
     total += a * h  # lm_head input: saved by the lm_head (full) or kept by the norm output
@@ -164,7 +160,7 @@ def logits_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
     Gemma-2 soft-capping adds divide, tanh and multiply outputs in the logits dtype.
     """
     v = spec.vocab_size
-    a = _act_dtype_bytes(w)
+    a = w.activation_dtype_bytes
     forward = (a + 4 + 4) * v if a == 2 else 8 * v
     if spec.logit_softcap:
         forward += 3 * a * v

@@ -110,12 +110,11 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
     w.validate()
     gpu = tables.gpu(gpu_slug)
     cal = resolve(calibration, gpu.slug)
-    method_key = w.method
-    reserve, reserve_src = cal.reserve_fraction(method_key)
+    reserve, reserve_src = cal.reserve_fraction(w.method)
     context, context_src = cal.context_bytes()
     scale, scale_src = cal.activation_scale(w.model.model_type)
     mfu, mfu_src = cal.mfu(w.method, gpu.slug)
-    raw = estimate_memory(w, float(overhead(f"reserve_fraction_{method_key}")),
+    raw = estimate_memory(w, float(overhead(f"reserve_fraction_{w.method}")),
                           int(overhead("cuda_context_bytes")))
     memory = _scaled(raw, w, scale, reserve, context) if cal.path else raw
     if w.training:

@@ -329,9 +329,9 @@ def inference_kv_bytes(spec: ModelSpec, batch: int, prompt: int, new_tokens: int
 def _inference_working_set(w: Workload, spec: ModelSpec) -> float:
     """Largest transient of the prefill: one layer's MLP or attention scores, plus the logits
     of the last position (generate asks for one position only)."""
-    a = 4 if w.compute_dtype == "fp32" else 2
+    a = w.activation_dtype_bytes
     tokens = w.batch * w.seq
-    width, blocks = act._mlp_width(spec)
+    width, blocks = act.mlp_width(spec)
     mlp = 3 * a * width * min(blocks, spec.experts_per_token or 1) * tokens
     attn = a * (spec.q_dim * 2 + 2 * spec.kv_dim) * tokens
     if w.attn == "eager":
@@ -379,7 +379,7 @@ def estimate_memory(w: Workload, reserve_fraction: float, context_bytes: int) ->
         transient = max(fwd_bwd, step)
         persistent = st.weights + st.optimizer + st.master + st.zero_buffers
     else:
-        a = 4 if w.compute_dtype == "fp32" else 2
+        a = w.activation_dtype_bytes
         acts = _inference_working_set(w, spec)
         logits = 0
         cache = 0

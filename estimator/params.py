@@ -76,15 +76,6 @@ class ParamCounts:
         idle = self.expert_weights + sum(l.bias_params for l in self.linears if l.expert)
         return self.total - round(idle * (1.0 - self.active_expert_fraction))
 
-    @cached_property
-    def non_embedding(self) -> int:
-        """Parameters that do matmul work per token (lm_head counts; lookups do not)."""
-        return self.total - self.embedding - self.positions + (self.embedding if self._tied_head else 0)
-
-    @property
-    def _tied_head(self) -> bool:
-        return self.lm_head == 0
-
 
 def _norm_params(spec: ModelSpec, width: int) -> int:
     return width * (2 if spec.norm == "layer" else 1)

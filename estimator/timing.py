@@ -89,10 +89,11 @@ def inference_time(w: Workload, gpu: tables.GpuSpec, mfu: float, bandwidth_fract
                    memory: MemoryBreakdown) -> TimeBreakdown:
     """Prefill is compute-bound; each decode step reads the weights and the KV cache once."""
     peak = peak_flops(gpu, w)
-    prefill = prefill_flops(w) / (peak * mfu)
+    prefill_work = prefill_flops(w)
+    prefill = prefill_work / (peak * mfu)
     bandwidth = gpu.memory_bandwidth_bytes_per_s * bandwidth_fraction
     decode_total = 0.0
-    a = 4 if w.compute_dtype == "fp32" else 2
+    a = w.activation_dtype_bytes
     if w.new_tokens:
         mid = w.seq + w.new_tokens // 2  # the cache grows linearly: its mean size is read per step
         kv = kv_cache_bytes(w.model, w.batch, mid, a, w.tp)
@@ -103,7 +104,7 @@ def inference_time(w: Workload, gpu: tables.GpuSpec, mfu: float, bandwidth_fract
     generated = w.batch * w.new_tokens
     tokens = generated if generated else w.batch * w.seq
     busy = decode_total if generated else prefill
-    model_flops = prefill_flops(w) + (decode_flops_per_token(w, w.seq + w.new_tokens // 2) * w.new_tokens)
+    model_flops = prefill_work + (decode_flops_per_token(w, w.seq + w.new_tokens // 2) * w.new_tokens)
     return TimeBreakdown(step, prefill, 0.0, 0.0, tokens * w.dp / busy, tokens / busy, model_flops / (step * peak),
                          peak / 1e12, model_flops, prefill, decode_total / w.new_tokens if w.new_tokens else 0.0)
 

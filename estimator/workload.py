@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from estimator.errors import EstimatorError
+from estimator.tables import dtype_bytes
 from estimator.model import ModelSpec
 from estimator.params import ALL_LINEAR
 
@@ -71,6 +72,11 @@ class Workload:
     @property
     def compute_dtype(self) -> str:
         return self.precision.removeprefix("amp-")
+
+    @property
+    def activation_dtype_bytes(self) -> int:
+        """Bytes per element of activations, logits and KV cache (the matmul dtype)."""
+        return int(dtype_bytes(self.compute_dtype))
 
     @property
     def id(self) -> str:
