@@ -1,0 +1,1 @@
+"""Fitting: measurements + predictions -> calibration factors with cross-validated error (no torch)."""

@@ -1,0 +1,61 @@
+"""The steps the profiler times and the tracer traces: one training step (grad_accum micro-batches,
+backward, optimizer step) and one inference request (prefill plus decode with a KV cache).
+
+Device-agnostic: the same functions run on cuda, cpu and fake tensors. No synchronisation here:
+the caller (measure or trace) decides how to time and when to read memory.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+from estimator.workload import Workload
+from profiler.build import Batch, autocast_dtype
+
+
+def _autocast(w: Workload, device_type: str):
+    import torch
+
+    dtype = autocast_dtype(w)
+    return torch.autocast(device_type=device_type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) -> None:
+    """Forward and backward over `grad_accum` micro-batches (the same batch: values do not change
+    memory or time), then the optimizer step and `zero_grad(set_to_none=True)`."""
+    for _ in range(w.grad_accum):
+        with _autocast(w, device_type):
+            out = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False)
+        (out.loss / w.grad_accum).backward()
+        del out
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def prefill(model, batch: Batch, w: Workload, device_type: str):
+    """The prompt forward with a fresh KV cache; returns (next token ids, cache). Only the last
+    position's logits are computed (`logits_to_keep=1`), as `generate()` does."""
+    import torch
+
+    with torch.no_grad(), _autocast(w, device_type):
+        out = model(input_ids=batch.input_ids, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1:].argmax(-1), out.past_key_values
+
+
+def decode(model, token, cache, w: Workload, device_type: str, steps: int):
+    """`steps` greedy decode steps, one token each, growing `cache`; returns the last token."""
+    import torch
+
+    with torch.no_grad(), _autocast(w, device_type):
+        for _ in range(steps):
+            out = model(input_ids=token, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            cache = out.past_key_values
+    return token
+
+
+def inference_step(model, batch: Batch, w: Workload, device_type: str) -> None:
+    """One request: prefill the prompt, then generate `new_tokens` tokens."""
+    token, cache = prefill(model, batch, w, device_type)
+    if w.new_tokens > 1:
+        decode(model, token, cache, w, device_type, w.new_tokens - 1)
