@@ -1,129 +1,425 @@
-"""Calibration tables: correction factors per GPU kind, fitted from measurements.
+"""Calibration tables: correction factors per GPU kind, fitted from measurements (package `fitting`).
 
-A table is `calibrations/<gpu-slug>.json`:
-```
-{"schema": "gpu-budget-calibration/1", "gpu": "h100-80gb", "created": "YYYY-MM-DD",
- "versions": {"torch": ..., "transformers": ..., "driver": ..., "cuda": ...},
- "provenance": {"runs": [...], "points": N},
- "factors": {"cuda_context_bytes": int, "reserve_fraction": {method: f},
-             "activation_scale": {model_type or "*": s}, "mfu": {method: m},
-             "decode_bandwidth_fraction": f},
- "cv_error": {quantity: {"median_abs": e, "p90_abs": e, "under_rate": r, "points": n}}}
-```
-Every factor is optional; a missing one falls back to the uncalibrated default, and the result
-says which values came from where.
+A table is `calibrations/<gpu-slug>.json` (schema `gpu-budget-calibration/2`); every factor is
+optional and a missing one falls back to the uncalibrated default, and the estimate says which
+value came from where. The factors and what each one means (units in brackets):
+
+- `cuda_context_bytes` [B]: device memory of the CUDA context (NVML delta around CUDA init).
+- `non_pytorch_bytes` [B]: other device memory outside the caching allocator at the peak
+  (cuBLAS/cuDNN workspaces, library handles): median of device_used - reserved - context.
+- `nccl_buffers_bytes` [B]: extra device memory per process in multi-GPU runs.
+- `allocated_constant_bytes` [B]: allocator bytes in every run beyond the named components.
+- `reserve` {method or "*": {"fraction": f, "bytes": g}}: peak reserved = allocated x (1 + f) + g
+  (the allocator's reserve grows with the workload; it is not one constant).
+- `activation_scale` {"model_type|attn", "model_type" or "*": s}: measured / formula saved
+  activations in training. `inference_activation_scale`: the same for the prefill working set.
+- `logits_scale`: measured / formula logits-and-loss bytes (training).
+- `optimizer_temporaries_scale`: measured / formula temporaries inside optimizer.step().
+- `mfu` {"method|size", "method"}: achieved fraction of the dense peak on the hardware FLOPs the
+  estimator counts (recompute included); method is full, lora, qlora or inference-prefill, size
+  a bucket of active parameters (`size_bucket`).
+- `decode_bandwidth_fraction`: achieved fraction of peak HBM bandwidth while decoding.
+
+Next to the factors: `provenance` (measurement files with sha256, rows and dates, backends,
+versions with counts, models), `versions` (each library's versions seen), `range` (params,
+tokens, methods, model types, attention kernels, world sizes of the data), `factor_points` (how
+many measurements each factor rests on), `cv_error` (leave-one-model-out median |error|, p90
+|error| and under-estimate rate per quantity, calibrated and uncalibrated) and `upper_bound`
+(per quantity: the factor on the prediction that covered `coverage` of held-out measurements).
+
+Schema /1 tables (never produced from measurements: there were none) are refused with a message
+saying to refit. A table of another GPU given by path lends only its device-independent factors
+(activation, logits and temporaries scales), with a warning; under `auto` it is refused.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from functools import lru_cache
+import math
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from estimator import tables
 from estimator.defaults import overhead
 from estimator.errors import EstimatorError
+from estimator.memory import MemoryBreakdown
+from estimator.workload import Workload
 
-SCHEMA = "gpu-budget-calibration/1"
+SCHEMA = "gpu-budget-calibration/2"
+OLD_SCHEMAS = ("gpu-budget-calibration/1",)
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "calibrations"
-_FACTOR_KEYS = {"cuda_context_bytes", "reserve_fraction", "activation_scale", "mfu",
-                "decode_bandwidth_fraction"}
+TRACE_GPU = "trace"  # tables fitted on fake-tensor traces: device-independent factors only
+_ALLOC_GRANULE = 2 * 2**20  # the caching allocator reserves in 2 MiB blocks
+GiB = 2**30
+
+# name -> (kind, low, high); kind: int | num | map (key -> num) | reserve
+_FACTORS = {
+    "cuda_context_bytes": ("int", 0, 64 * GiB),
+    "non_pytorch_bytes": ("int", -8 * GiB, 64 * GiB),
+    "nccl_buffers_bytes": ("int", 0, 64 * GiB),
+    "allocated_constant_bytes": ("int", 0, 64 * GiB),
+    "reserve": ("reserve", 0.0, 2.0),
+    "activation_scale": ("map", 0.2, 5.0),
+    "inference_activation_scale": ("map", 0.2, 5.0),
+    "logits_scale": ("num", 0.2, 5.0),
+    "optimizer_temporaries_scale": ("num", 0.0, 5.0),
+    "mfu": ("map", 0.01, 0.99),
+    "decode_bandwidth_fraction": ("num", 0.05, 1.0),
+}
+DEVICE_INDEPENDENT = ("activation_scale", "inference_activation_scale", "logits_scale",
+                      "optimizer_temporaries_scale")
+_TOP_KEYS = {"schema", "gpu", "created", "fitter", "versions", "provenance", "range", "factors",
+             "factor_points", "cv_error", "upper_bound", "notes"}
+_METRIC_KEYS = ("median_abs", "p90_abs", "under_rate")
+SIZE_BUCKETS = ((1e9, "<1B"), (1e10, "1-10B"), (1e11, "10-100B"), (math.inf, ">=100B"))
+
+
+def size_bucket(params: float) -> str:
+    """Label of the active-parameter bucket used by the `mfu` keys."""
+    for edge, label in SIZE_BUCKETS:
+        if params < edge:
+            return label
+    return SIZE_BUCKETS[-1][1]
+
+
+def round_up(n: float, granule: int = _ALLOC_GRANULE) -> int:
+    return int(math.ceil(n / granule) * granule)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """The factors in force for one estimate, and where each came from."""
+    """The factors in force for one estimate, and where each came from.
+
+    `table` is the whole validated table (provenance, range, cv_error, upper_bound, versions);
+    `warnings` are the table-level ones (another GPU's table, trace-only data)."""
 
     path: str | None
     gpu: str | None
     factors: dict = field(default_factory=dict)
     cv_error: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+    table: dict = field(default_factory=dict)
+    warnings: tuple = ()
+    foreign: bool = False  # the table of another GPU: device-specific factors dropped
+
+    @classmethod
+    def from_table(cls, data: dict, path: str | None = "<memory>", gpu_slug: str | None = None) -> "Calibration":
+        """A Calibration from a (validated) table dict. With `gpu_slug` naming another GPU than
+        the table's, only the device-independent factors are kept, with a warning."""
+        factors, warnings = dict(data.get("factors", {})), []
+        table_gpu = data.get("gpu")
+        foreign = gpu_slug is not None and table_gpu != gpu_slug
+        if foreign:
+            factors = {k: v for k, v in factors.items() if k in DEVICE_INDEPENDENT}
+            what = "fake-tensor traces" if table_gpu == TRACE_GPU else table_gpu
+            warnings.append(f"calibration {path} was fitted on {what}, not {gpu_slug}: only its "
+                            f"activation, logits and optimizer-temporaries scales are applied")
+        elif table_gpu == TRACE_GPU:
+            warnings.append("calibration fitted on fake-tensor traces (peak allocated only), not GPU "
+                            "measurements")
+        return cls(path, table_gpu, factors, data.get("cv_error", {}), data.get("versions", {}),
+                   data, tuple(warnings), foreign)
 
     def context_bytes(self) -> tuple[int, str]:
         if "cuda_context_bytes" in self.factors:
             return int(self.factors["cuda_context_bytes"]), "calibration"
         return int(overhead("cuda_context_bytes")), "default"
 
-    def reserve_fraction(self, method: str) -> tuple[float, str]:
-        table = self.factors.get("reserve_fraction", {})
-        if method in table:
-            return float(table[method]), "calibration"
-        return float(overhead(f"reserve_fraction_{method}")), "default"
+    def nccl_bytes(self) -> tuple[int, str]:
+        if "nccl_buffers_bytes" in self.factors:
+            return int(self.factors["nccl_buffers_bytes"]), "calibration"
+        return int(overhead("nccl_buffers_bytes")), "default"
 
-    def activation_scale(self, model_type: str) -> tuple[float, str]:
-        table = self.factors.get("activation_scale", {})
-        for key in (model_type, "*"):
+    def non_pytorch_bytes(self) -> tuple[int, str]:
+        if "non_pytorch_bytes" in self.factors:
+            return int(self.factors["non_pytorch_bytes"]), "calibration"
+        return 0, "default"
+
+    def allocated_constant_bytes(self) -> tuple[int, str]:
+        if "allocated_constant_bytes" in self.factors:
+            return int(self.factors["allocated_constant_bytes"]), "calibration"
+        return 0, "default"
+
+    def reserve(self, method: str) -> tuple[float, int, str]:
+        """(fraction, bytes, source): reserved = allocated x (1 + fraction) + bytes."""
+        table = self.factors.get("reserve", {})
+        for key in (method, "*"):
             if key in table:
-                return float(table[key]), "calibration"
+                row = table[key]
+                return float(row["fraction"]), int(row["bytes"]), f"calibration ({key})"
+        return float(overhead(f"reserve_fraction_{method}")), 0, "default"
+
+    def reserve_fraction(self, method: str) -> tuple[float, str]:
+        fraction, _, source = self.reserve(method)
+        return fraction, source
+
+    def activation_scale(self, model_type: str, attn: str = "sdpa", training: bool = True) -> tuple[float, str]:
+        """Lookup order: "model_type|attn", "model_type", "*"; 1.0 (the formula) without one."""
+        table = self.factors.get("activation_scale" if training else "inference_activation_scale", {})
+        for key in (f"{model_type}|{attn}", model_type, "*"):
+            if key in table:
+                return float(table[key]), f"calibration ({key})"
         return 1.0, "default"
 
-    def mfu(self, method: str, gpu_slug: str) -> tuple[float, str]:
+    def logits_scale(self) -> tuple[float, str]:
+        if "logits_scale" in self.factors:
+            return float(self.factors["logits_scale"]), "calibration"
+        return 1.0, "default"
+
+    def temporaries_scale(self) -> tuple[float, str]:
+        if "optimizer_temporaries_scale" in self.factors:
+            return float(self.factors["optimizer_temporaries_scale"]), "calibration"
+        return 1.0, "default"
+
+    def mfu(self, method: str, gpu_slug: str, params_active: float | None = None) -> tuple[float, str]:
+        """Lookup order: "method|size bucket", "method", then estimator/data/mfu.csv."""
         key = "inference-prefill" if method == "inference" else method
         table = self.factors.get("mfu", {})
-        if key in table:
-            return float(table[key]), "calibration"
-        row = tables.mfu_default(key, gpu_slug)
-        return row.mfu, "default"
+        keys = (f"{key}|{size_bucket(params_active)}", key) if params_active is not None else (key,)
+        for k in keys:
+            if k in table:
+                return float(table[k]), f"calibration ({k})"
+        return tables.mfu_default(key, gpu_slug).mfu, "default"
 
     def decode_bandwidth_fraction(self, gpu_slug: str) -> tuple[float, str]:
         if "decode_bandwidth_fraction" in self.factors:
             return float(self.factors["decode_bandwidth_fraction"]), "calibration"
         return tables.mfu_default("decode-bandwidth", gpu_slug).mfu, "default"
 
+    def upper_bound(self, quantity: str = "device_used_bytes") -> dict | None:
+        """{"factor", "quantile", "coverage", "points"} for `quantity`, or None. Not offered when
+        the table's device factors are not applied (another GPU's table)."""
+        if self.foreign:
+            return None
+        return self.table.get("upper_bound", {}).get(quantity)
+
+    def range_warnings(self, w: Workload, params_total: int) -> list[str]:
+        """Warnings when `w` lies far (a factor of 2) outside the data the table was fitted on."""
+        rng, out = self.table.get("range"), []
+        if not rng:
+            return out
+        lo, hi = rng.get("params_total", (None, None))
+        if lo and (params_total < lo / 2 or params_total > hi * 2):
+            out.append(f"{params_total / 1e9:.2f}B parameters is far outside the calibration data "
+                       f"({lo / 1e9:.2f}B-{hi / 1e9:.2f}B)")
+        lo, hi = rng.get("tokens", (None, None))
+        tokens = w.batch * w.seq
+        if lo and (tokens < lo / 2 or tokens > hi * 2):
+            out.append(f"batch x seq = {tokens} tokens is far outside the calibration data ({lo}-{hi})")
+        methods = rng.get("methods")
+        if methods is not None and w.method not in methods:
+            out.append(f"no {w.method} runs in the calibration data: its reserve and MFU are defaults")
+        types = rng.get("model_types")
+        if types is not None and w.model.model_type not in types:
+            out.append(f"no {w.model.model_type} model in the calibration data: its activation scale "
+                       f"is another family's")
+        worlds = rng.get("world_sizes")
+        if worlds is not None and w.world_size > 1 and max(worlds) <= 1:
+            out.append("calibration data has single-GPU runs only: NCCL buffers and communication are "
+                       "not calibrated")
+        return out
+
+    def version_warnings(self, versions: dict) -> list[str]:
+        """Warnings for libraries whose version differs from every version the table was fitted
+        on. `versions` is {library: version} of the caller (e.g. a profiler record row)."""
+        out = []
+        for lib, value in sorted(versions.items()):
+            seen = self.versions.get(lib)
+            if value and seen and str(value) not in [str(v) for v in seen]:
+                out.append(f"calibration fitted with {lib} {', '.join(map(str, seen))}; this run has {value}")
+        return out
+
 
 NONE = Calibration(path=None, gpu=None)
 
 
-def _check_fraction(name: str, value, low: float, high: float, path: Path) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
-        raise EstimatorError(f"calibration {path}: {name} must be a number in [{low}, {high}], got {value!r}")
+def apply_memory(raw: MemoryBreakdown, w: Workload, cal: Calibration) -> tuple[MemoryBreakdown, dict]:
+    """The calibrated breakdown from the uncalibrated one, and the factors used with their source.
+
+    Every change is a stated factor applied to a named component: saved activations, logits and
+    optimizer temporaries are scaled; the peak phase is re-decided on the scaled working sets
+    (forward/backward against optimizer step, as estimator.memory assembles them); allocated gets
+    the constant; reserved = allocated x (1 + f) + g rounded up to 2 MiB; device used = reserved +
+    context + NCCL (multi-GPU) + paged optimizer states + non-PyTorch bytes.
+    """
+    s, s_src = cal.activation_scale(w.model.model_type, w.attn, w.training)
+    acts = int(raw.activations_bytes * s)
+    const, const_src = cal.allocated_constant_bytes()
+    if w.training:
+        lg, lg_src = cal.logits_scale()
+        t, t_src = cal.temporaries_scale()
+        logits, temps = int(raw.logits_and_loss_bytes * lg), int(raw.optimizer_temporaries_bytes * t)
+        common = (raw.autocast_weight_cache_bytes + raw.quant_workspace_bytes
+                  + (raw.gradients_bytes if w.grad_accum > 1 else 0))
+        fwd = raw.activations_bytes + raw.logits_and_loss_bytes + common
+        step = raw.gradients_bytes + raw.optimizer_temporaries_bytes
+        fwd2, step2 = acts + logits + common, raw.gradients_bytes + temps
+        delta = max(fwd2, step2) - max(fwd, step)
+        phase = "forward/backward" if fwd2 >= step2 else "optimizer step"
+    else:
+        (lg, lg_src), (t, t_src) = (1.0, "default"), (1.0, "default")
+        logits, temps = raw.logits_and_loss_bytes, raw.optimizer_temporaries_bytes
+        delta, phase = acts - raw.activations_bytes, raw.peak_phase
+    allocated = raw.peak_allocated_bytes + delta + const
+    fraction, extra, r_src = cal.reserve(w.method)
+    reserved = round_up(allocated * (1.0 + fraction) + extra)
+    context, c_src = cal.context_bytes()
+    other, o_src = cal.non_pytorch_bytes()
+    nccl_factor, n_src = cal.nccl_bytes()
+    nccl = nccl_factor if w.world_size > 1 else 0
+    device_used = reserved + context + nccl + raw.paged_optimizer_bytes + other
+    memory = replace(
+        raw, activations_bytes=acts, logits_and_loss_bytes=logits, optimizer_temporaries_bytes=temps,
+        cuda_context_bytes=context, nccl_buffers_bytes=nccl, allocator_reserve_bytes=reserved - allocated,
+        peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, device_used_bytes=device_used,
+        peak_phase=phase)
+    corrections = {
+        "reserve_fraction": {"value": fraction, "from": r_src},
+        "reserve_bytes": {"value": extra, "from": r_src},
+        "cuda_context_bytes": {"value": context, "from": c_src},
+        "non_pytorch_bytes": {"value": other, "from": o_src},
+        "nccl_buffers_bytes": {"value": nccl_factor, "from": n_src},
+        "allocated_constant_bytes": {"value": const, "from": const_src},
+        "activation_scale": {"value": s, "from": s_src},
+        "logits_scale": {"value": lg, "from": lg_src},
+        "optimizer_temporaries_scale": {"value": t, "from": t_src},
+    }
+    return memory, corrections
 
 
-def validate_table(data: dict, path: Path) -> None:
-    """Refuse a corrupt or foreign table with a one-line reason."""
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise EstimatorError(f"calibration {path} is not a {SCHEMA} table")
-    factors = data.get("factors")
-    if not isinstance(factors, dict) or set(factors) - _FACTOR_KEYS:
-        raise EstimatorError(f"calibration {path}: unknown factors {sorted(set(factors or {}) - _FACTOR_KEYS)}")
-    if "cuda_context_bytes" in factors:
-        value = factors["cuda_context_bytes"]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise EstimatorError(f"calibration {path}: cuda_context_bytes must be a non-negative int")
-    for name, low, high in (("reserve_fraction", 0.0, 2.0), ("activation_scale", 0.2, 5.0), ("mfu", 0.01, 0.99)):
-        table = factors.get(name, {})
-        if not isinstance(table, dict):
-            raise EstimatorError(f"calibration {path}: {name} must be an object")
-        for key, value in table.items():
-            _check_fraction(f"{name}[{key}]", value, low, high, path)
-    if "decode_bandwidth_fraction" in factors:
-        _check_fraction("decode_bandwidth_fraction", factors["decode_bandwidth_fraction"], 0.05, 1.0, path)
+# ---- reading and validating tables -----------------------------------------------------------------
+
+def _fail(path, message: str) -> EstimatorError:
+    return EstimatorError(f"calibration {path}: {message}")
 
 
-@lru_cache(maxsize=64)
-def _load(path_str: str) -> Calibration:
-    path = Path(path_str)
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_range(path, name: str, value, low, high, integer: bool = False) -> None:
+    if integer and (not isinstance(value, int) or isinstance(value, bool)):
+        raise _fail(path, f"{name} must be an integer (bytes), got {value!r}")
+    if not _number(value) or not low <= value <= high:
+        raise _fail(path, f"{name} must be a number in [{low}, {high}], got {value!r}")
+
+
+def _validate_factors(factors, path) -> None:
+    if not isinstance(factors, dict):
+        raise _fail(path, "factors must be an object")
+    unknown = sorted(set(factors) - set(_FACTORS))
+    if unknown:
+        raise _fail(path, f"unknown factors {unknown}")
+    for name, value in factors.items():
+        kind, low, high = _FACTORS[name]
+        if kind in ("int", "num"):
+            _check_range(path, name, value, low, high, integer=kind == "int")
+        elif kind == "map":
+            if not isinstance(value, dict):
+                raise _fail(path, f"{name} must be an object")
+            for key, v in value.items():
+                _check_range(path, f"{name}[{key}]", v, low, high)
+        else:  # reserve
+            if not isinstance(value, dict):
+                raise _fail(path, "reserve must be an object")
+            for key, row in value.items():
+                if not isinstance(row, dict) or set(row) != {"fraction", "bytes"}:
+                    raise _fail(path, f"reserve[{key}] must be {{\"fraction\": f, \"bytes\": g}}")
+                _check_range(path, f"reserve[{key}].fraction", row["fraction"], low, high)
+                _check_range(path, f"reserve[{key}].bytes", row["bytes"], 0, 64 * GiB, integer=True)
+
+
+def _validate_stats(data: dict, path) -> None:
+    for quantity, row in data.get("cv_error", {}).items():
+        if not isinstance(row, dict) or not all(_number(row.get(k)) and row[k] >= 0 for k in _METRIC_KEYS):
+            raise _fail(path, f"cv_error[{quantity}] needs median_abs, p90_abs and under_rate >= 0")
+    for quantity, row in data.get("upper_bound", {}).items():
+        if not isinstance(row, dict) or not _number(row.get("factor")) or not 1.0 <= row["factor"] <= 10.0:
+            raise _fail(path, f"upper_bound[{quantity}].factor must be a number in [1, 10]")
+        if not _number(row.get("coverage")) or not 0.0 <= row["coverage"] <= 1.0:
+            raise _fail(path, f"upper_bound[{quantity}].coverage must be in [0, 1]")
+    rng = data.get("range", {})
+    for name in ("params_total", "tokens"):
+        pair = rng.get(name)
+        if pair is not None and not (isinstance(pair, list) and len(pair) == 2 and all(map(_number, pair))
+                                     and 0 < pair[0] <= pair[1]):
+            raise _fail(path, f"range.{name} must be [min, max] with 0 < min <= max")
+
+
+def validate_table(data: dict, path, gpu_slug: str | None = None) -> None:
+    """Refuse a corrupt or foreign table with a one-line reason (EstimatorError). With
+    `gpu_slug`, a table fitted on another GPU is refused too."""
+    if not isinstance(data, dict):
+        raise EstimatorError(f"calibration {path} is not a {SCHEMA} table (not a JSON object)")
+    schema = data.get("schema")
+    if schema in OLD_SCHEMAS:
+        raise EstimatorError(f"calibration {path} uses the retired schema {schema}; refit it "
+                             f"(scripts/bench_calibration.py --write, or scripts/profile.py)")
+    if schema != SCHEMA:
+        raise EstimatorError(f"calibration {path} is not a {SCHEMA} table (schema {schema!r})")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise _fail(path, f"unknown keys {unknown}")
+    gpu = data.get("gpu")
+    if not isinstance(gpu, str) or not gpu:
+        raise _fail(path, "gpu must name the GPU slug the table was fitted on")
+    if gpu_slug is not None and gpu != gpu_slug:
+        raise _fail(path, f"was fitted on {gpu}, not {gpu_slug}: refusing a foreign table")
+    if "factors" not in data:
+        raise _fail(path, "has no factors")
+    _validate_factors(data["factors"], path)
+    for name in ("versions", "provenance", "range", "factor_points", "cv_error", "upper_bound"):
+        if name in data and not isinstance(data[name], dict):
+            raise _fail(path, f"{name} must be an object")
+    _validate_stats(data, path)
+
+
+_CACHE: dict = {}
+
+
+def _load(path: str, gpu_slug: str, refuse_foreign: bool) -> Calibration:
+    """Read, validate and cache a table. The cache follows the file's mtime and size (one stat
+    per estimate), so a table refreshed by the profiler is re-read."""
     try:
-        data = json.loads(path.read_text())
+        st = os.stat(path)
     except OSError as exc:
-        raise EstimatorError(f"cannot read calibration {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise EstimatorError(f"calibration {path} is corrupt: {exc.msg} at line {exc.lineno}") from None
-    validate_table(data, path)
-    return Calibration(str(path), data.get("gpu"), data["factors"], data.get("cv_error", {}),
-                       data.get("versions", {}))
+        if refuse_foreign:
+            raise EstimatorError(f"cannot read calibration {path}: {exc.strerror}") from None
+        raise EstimatorError(f"calibration file not found: {path}") from None
+    key = (path, st.st_mtime_ns, st.st_size, gpu_slug, refuse_foreign)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    shown = str(Path(path).resolve())
+    try:
+        data = json.loads(Path(path).read_text())
+    except IsADirectoryError:
+        raise EstimatorError(f"calibration file not found: {path}") from None
+    except OSError as exc:
+        raise EstimatorError(f"cannot read calibration {shown}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise EstimatorError(f"calibration {shown} is corrupt: {getattr(exc, 'msg', exc)}{where}") from None
+    validate_table(data, shown, gpu_slug if refuse_foreign else None)
+    if len(_CACHE) > 64:
+        _CACHE.clear()
+    cal = _CACHE[key] = Calibration.from_table(data, shown, gpu_slug)
+    return cal
 
 
-def resolve(choice: str, gpu_slug: str) -> Calibration:
-    """`none`, `auto` (calibrations/<gpu>.json when it exists) or a path to a table."""
+def table_path(gpu_slug: str) -> Path:
+    return CALIBRATION_DIR / f"{gpu_slug}.json"
+
+
+def resolve(choice, gpu_slug: str) -> Calibration:
+    """`none`, `auto` (calibrations/<gpu>.json when it exists), a path to a table, or a
+    Calibration object (used as is)."""
+    if isinstance(choice, Calibration):
+        return choice
     if choice == "none":
         return NONE
     if choice == "auto":
-        path = CALIBRATION_DIR / f"{gpu_slug}.json"
-        return _load(str(path)) if path.is_file() else NONE
-    path = Path(choice)
-    if not path.is_file():
-        raise EstimatorError(f"calibration file not found: {choice}")
-    return _load(str(path.resolve()))
+        path = table_path(gpu_slug)
+        return _load(str(path), gpu_slug, True) if path.is_file() else NONE
+    return _load(str(choice), gpu_slug, False)

@@ -1,0 +1,121 @@
+"""Leave-one-model-out cross-validation, error statistics and the safe upper bound.
+
+Error of a prediction (DESIGN.md section 7): (predicted - measured) / measured, on the same named
+quantity. Statistics per quantity: median |error|, p90 |error|, under-estimate rate (share of
+points predicted below measured), points and models.
+
+Leave one model out: for every architecture (fingerprint) in the data, fit on the others and
+predict its points with the estimator itself (estimator.api.estimate with the fitted table), so
+the error is the error of what users get. The upper bound factor of a quantity is the QUANTILE
+of measured / predicted over those held-out points (at least 1); its coverage is measured the
+same way, one level out: for each model, the factor taken from the other models' ratios, checked
+on that model's points.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from estimator.api import estimate
+from estimator.calibration import SCHEMA, Calibration
+from fitting.data import QUANTITIES, Dataset
+from fitting.models import Fit, fit_all
+
+QUANTILE = 0.95
+
+
+def calibration_of(factors: dict, gpu: str, label: str = "<fit>") -> Calibration:
+    """A Calibration object holding `factors` (used without writing a file)."""
+    return Calibration.from_table({"schema": SCHEMA, "gpu": gpu, "factors": factors}, label)
+
+
+def predict(data: Dataset, calibration) -> pd.DataFrame:
+    """Predicted quantities of every point with `calibration` ("none", a path or a Calibration)."""
+    rows = []
+    for w in data.workloads:
+        est = estimate(w, data.slug, calibration)
+        m = est.memory
+        rows.append({"peak_allocated_bytes": float(m.peak_allocated_bytes),
+                     "peak_reserved_bytes": float(m.peak_reserved_bytes),
+                     "device_used_bytes": float(m.device_used_bytes),
+                     "context_bytes": float(m.cuda_context_bytes), "step_s": est.time.step_s})
+    return pd.DataFrame(rows, columns=list(QUANTITIES))
+
+
+def metrics(pred, meas, groups=None) -> dict | None:
+    """{median_abs, p90_abs, under_rate, points, models} over the points measured, or None."""
+    pred, meas = np.asarray(pred, float), np.asarray(meas, float)
+    ok = np.isfinite(pred) & np.isfinite(meas) & (meas > 0)
+    if not ok.any():
+        return None
+    err = (pred[ok] - meas[ok]) / meas[ok]
+    out = {"median_abs": float(np.median(np.abs(err))), "p90_abs": float(np.quantile(np.abs(err), 0.9)),
+           "under_rate": float(np.mean(err < 0)), "points": int(ok.sum())}
+    if groups is not None:
+        out["models"] = int(len(set(np.asarray(groups)[ok])))
+    return out
+
+
+def error_table(data: Dataset, pred: pd.DataFrame) -> dict:
+    """{quantity: metrics} of `pred` against the measurements of `data`."""
+    out = {}
+    for q in QUANTITIES:
+        m = metrics(pred[q], data.frame[f"m_{q}"], data.frame["group"])
+        if m:
+            out[q] = m
+    return out
+
+
+def upper_bound(ratio: np.ndarray, groups: np.ndarray, quantile: float = QUANTILE) -> dict | None:
+    """Factor on the prediction covering `quantile` of held-out points, with nested coverage."""
+    ok = np.isfinite(ratio)
+    ratio, groups = ratio[ok], groups[ok]
+    models = sorted(set(groups))
+    if len(models) < 2 or len(ratio) < 3:
+        return None
+    factor = max(1.0, float(np.quantile(ratio, quantile, method="higher")))
+    covered = []
+    for g in models:
+        others = ratio[groups != g]
+        u = max(1.0, float(np.quantile(others, quantile, method="higher")))
+        covered.extend(ratio[groups == g] <= u)
+    return {"factor": math.ceil(factor * 1e4) / 1e4,  # rounded up: never below what was measured
+            "quantile": quantile, "coverage": float(np.mean(covered)), "points": int(len(ratio)),
+            "models": len(models)}
+
+
+@dataclass
+class CvResult:
+    """Held-out predictions and their statistics, next to the uncalibrated ones."""
+
+    oof: pd.DataFrame                 # out-of-fold calibrated predictions, aligned with data.frame
+    raw: pd.DataFrame                 # uncalibrated predictions
+    calibrated: dict = field(default_factory=dict)    # quantity -> metrics
+    uncalibrated: dict = field(default_factory=dict)
+    upper: dict = field(default_factory=dict)         # quantity -> upper bound row
+    folds: int = 0
+
+
+def leave_one_model_out(data: Dataset, fitter=fit_all) -> CvResult:
+    """Fit on all models but one, predict that one, for every model."""
+    frame = data.frame
+    raw = predict(data, "none")
+    oof = pd.DataFrame(np.nan, index=range(len(frame)), columns=list(QUANTITIES))
+    groups = frame["group"].to_numpy() if len(frame) else np.array([])
+    for g in sorted(set(groups)):
+        held = groups == g
+        fit: Fit = fitter(data.subset(~held).frame, data.gpu)
+        cal = calibration_of(fit.factors, data.gpu, f"<cv without {g}>")
+        oof.loc[held, :] = predict(data.subset(held), cal).to_numpy()
+    result = CvResult(oof, raw, error_table(data, oof), error_table(data, raw), folds=len(set(groups)))
+    for q in QUANTITIES:
+        if q in result.calibrated:
+            ratio = frame[f"m_{q}"].to_numpy(float) / oof[q].to_numpy(float)
+            bound = upper_bound(ratio, groups)
+            if bound:
+                result.upper[q] = bound
+    return result

@@ -1,0 +1,332 @@
+"""Measurement rows -> Workloads + the estimator's uncalibrated predictions, as one DataFrame.
+
+Input: CSV files of profiler records (profiler/record.py columns; unmeasured = empty). Which rows
+a table of `gpu` uses:
+- a GPU slug: rows with backend `cuda` and that `gpu_slug` (memory, context, step time);
+- `trace` (estimator.calibration.TRACE_GPU): rows with backend `trace` (peak allocated only);
+- rows with status other than `ok`, `cpu` rows (a CPU step time says nothing about a GPU) and
+  rows of other GPUs are left out and counted in `Dataset.skipped`.
+Multi-process runs (world_size > 1) keep one point per configuration and file: the largest
+memory over ranks (what runs out first) and the median step time.
+
+Columns of `Dataset.frame` (bytes int-valued floats, seconds float, NaN = not measured):
+`group` (architecture fingerprint: the leave-one-model-out unit), `model`, `family`
+(model_type), `attn`, `method`, `training`, `params_total`, `params_active`, `tokens`
+(batch x seq), `world_size`, `grad_accum`, `new_tokens`; measured `m_<quantity>`; raw
+predictions `raw_<quantity>`; components `acts`, `logits`, `temps`, `fwd`, `step` (the two
+training working sets as estimator.memory assembles them), `paged`; time inputs `hw_flops`
+(hardware FLOPs per optimizer step), `peak_flops` (FLOP/s), `exposed_comm_s`, `prefill_flops`,
+`decode_bytes` (bytes read per generated token), `bandwidth` (bytes/s); versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from estimator import tables
+from estimator.api import estimate
+from estimator.calibration import TRACE_GPU
+from estimator.errors import EstimatorError
+from estimator.flops import prefill_flops, training_flops
+from estimator.memory import kv_cache_bytes
+from estimator.params import count_params
+from estimator.timing import peak_flops
+from estimator.workload import Workload
+from profiler.case import Case
+from profiler.record import WORKLOAD_COLUMNS
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MEASUREMENTS_DIR = REPO_ROOT / "calibrations" / "measurements"
+QUANTITIES = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "context_bytes", "step_s")
+MEMORY_QUANTITIES = QUANTITIES[:4]
+VERSION_COLUMNS = ("driver", "cuda", "torch", "transformers", "peft", "bitsandbytes", "deepspeed")
+DEVICE_INDEPENDENT_SLUG = "h100-80gb"  # memory does not depend on the GPU row; trace rows use this one
+_MEASURED = QUANTITIES + ("prefill_s", "decode_token_s")
+_DEFAULTS = {f.name: f.default for f in fields(Workload) if f.name != "model"}
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One measurement file: where, its content hash, how many rows and how many were used."""
+
+    path: str          # relative to the repository root when inside it
+    sha256: str
+    rows: int
+    used: int = 0
+    first: str = ""    # earliest started_at of its rows (ISO 8601)
+    last: str = ""
+
+    def to_dict(self) -> dict:
+        return {"file": self.path, "sha256": self.sha256, "rows": self.rows, "used": self.used,
+                "first": self.first, "last": self.last}
+
+
+@dataclass
+class Dataset:
+    """The points one table is fitted on, aligned with their Workloads."""
+
+    gpu: str
+    frame: pd.DataFrame
+    workloads: list
+    files: list = field(default_factory=list)
+    skipped: dict = field(default_factory=dict)  # reason -> count
+
+    @property
+    def slug(self) -> str:
+        """The GPU row the estimator is asked about for these points."""
+        return DEVICE_INDEPENDENT_SLUG if self.gpu == TRACE_GPU else self.gpu
+
+    def subset(self, mask) -> "Dataset":
+        mask = np.asarray(mask, dtype=bool)
+        return Dataset(self.gpu, self.frame[mask].reset_index(drop=True),
+                       [w for w, keep in zip(self.workloads, mask) if keep], self.files, self.skipped)
+
+    def points(self, quantity: str) -> int:
+        return int(self.frame[f"m_{quantity}"].notna().sum()) if len(self.frame) else 0
+
+
+def display_path(path: Path) -> str:
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def csv_files(paths) -> list[Path]:
+    """Files given, and the *.csv (and *.parquet) directly inside folders given, in order,
+    without duplicates."""
+    out = []
+    for p in map(Path, paths):
+        found = sorted([*p.glob("*.csv"), *p.glob("*.parquet")]) if p.is_dir() else [p]
+        for f in found:
+            if f.resolve() not in [o.resolve() for o in out]:
+                out.append(f)
+    return out
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def read_table_file(path: Path) -> pd.DataFrame:
+    """One measurement file as strings (empty = not measured): CSV, or Parquet (needs pyarrow)."""
+    if Path(path).suffix == ".parquet":
+        frame = pd.read_parquet(path)
+        return frame.astype(object).where(frame.notna(), "").astype(str).replace({"nan": "", "None": ""})
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+def read_rows(paths) -> tuple[pd.DataFrame, list[SourceFile]]:
+    """All rows of the CSV files (strings; empty = not measured), with a `source_file` column.
+    Files with identical content are read once."""
+    frames, files, seen = [], [], set()
+    for f in csv_files(paths):
+        if not f.is_file():
+            raise FileNotFoundError(f"measurement file not found: {f}")
+        digest = sha256(f)
+        if digest in seen:
+            continue
+        seen.add(digest)
+        df = read_table_file(f)
+        df["source_file"] = display_path(f)
+        df["_csv_dir"] = str(f.resolve().parent)
+        started = sorted(s for s in df.get("started_at", pd.Series([], dtype=str)) if s)
+        files.append(SourceFile(display_path(f), digest, len(df), 0, started[0] if started else "",
+                                started[-1] if started else ""))
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(), files
+    frame = pd.concat(frames, ignore_index=True).fillna("")
+    # the same record in two files (a resumed run's grown results.csv next to its earlier copy)
+    # is one measurement
+    duplicate = frame.duplicated(subset=[c for c in frame.columns if c not in ("source_file", "_csv_dir")])
+    frame = frame[~duplicate].reset_index(drop=True)
+    frame.attrs["duplicates"] = int(duplicate.sum())
+    return frame, files
+
+
+def rows_frame(records: list[dict], source: str = "<memory>") -> pd.DataFrame:
+    """Record dicts (Python values) as `read_rows` would give them from a CSV: strings, empty
+    for None, with `source_file` set."""
+    frame = pd.DataFrame([{k: "" if v is None else str(v) for k, v in r.items()} for r in records])
+    frame["source_file"] = source
+    frame["_csv_dir"] = ""
+    return frame.fillna("")
+
+
+def _parse_value(name: str, text: str):
+    default = _DEFAULTS[name]
+    if isinstance(default, bool):
+        low = text.strip().lower()
+        if low not in ("true", "false", "1", "0", "yes", "no"):
+            raise EstimatorError(f"{name}: not a boolean: {text!r}")
+        return low in ("true", "1", "yes")
+    if isinstance(default, int):
+        return int(float(text))
+    if isinstance(default, tuple):
+        return tuple(v.strip() for v in text.split(",") if v.strip())
+    return text
+
+
+def _model_ref(ref: str, csv_dir: str) -> str:
+    """A config path relative to the repository or to the CSV's folder, else the ref as given."""
+    for base in (REPO_ROOT, Path(csv_dir) if csv_dir else None):
+        if base is not None and ref and not Path(ref).is_absolute() and (base / ref).exists():
+            return str(base / ref)
+    return ref
+
+
+def workload_from_row(row) -> Workload:
+    """Rebuild the validated Workload of a record row (profiler.case.Case with the Workload
+    columns that are present; empty columns take the defaults)."""
+    settings = {}
+    for name in WORKLOAD_COLUMNS:
+        text = str(row.get(name, "") or "")
+        if text != "":
+            settings[name] = _parse_value(name, text)
+    ref = str(row.get("model", "") or "")
+    if not ref:
+        raise EstimatorError("row has no model")
+    return Case(_model_ref(ref, str(row.get("_csv_dir", ""))), settings).workload()
+
+
+def _num(text) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return math.nan
+    return value if math.isfinite(value) and value > 0 else math.nan
+
+
+def _select(rows: pd.DataFrame, gpu: str, skipped: dict) -> pd.DataFrame:
+    def skip(mask, reason):
+        n = int(mask.sum())
+        if n:
+            skipped[reason] = skipped.get(reason, 0) + n
+        return rows[~mask]
+
+    for col in ("status", "backend", "gpu_slug", "world_size", "rank", "id"):
+        if col not in rows:
+            rows[col] = ""
+    rows = skip(rows["status"] != "ok", "status not ok (oom/error/skipped)")
+    if gpu == TRACE_GPU:
+        rows = skip(rows["backend"] != "trace", "not a trace row")
+    else:
+        rows = skip(rows["backend"] == "cpu", "cpu row (time on CPU says nothing about a GPU)")
+        rows = skip(rows["backend"] == "trace", "trace row (fitted into the trace table, not a GPU table)")
+        rows = skip(rows["backend"] != "cuda", "unknown backend")
+        rows = skip(rows["gpu_slug"] != gpu, "measured on another GPU")
+    return rows
+
+
+def _merge_ranks(rows: pd.DataFrame) -> pd.DataFrame:
+    """One point per multi-process configuration and file: max memory, median step time."""
+    world = pd.to_numeric(rows["world_size"], errors="coerce").fillna(1)
+    single, multi = rows[world <= 1], rows[world > 1]
+    if multi.empty:
+        return rows
+    merged = []
+    for _, grp in multi.groupby(["source_file", "id"], sort=False):
+        first = grp.iloc[0].copy()
+        for col in MEMORY_QUANTITIES + ("host_rss_bytes",):
+            if col in grp:
+                values = [v for v in map(_num, grp[col]) if not math.isnan(v)]
+                first[col] = str(int(max(values))) if values else ""
+        for col in ("step_s", "prefill_s", "decode_token_s"):
+            if col in grp:
+                values = [v for v in map(_num, grp[col]) if not math.isnan(v)]
+                first[col] = repr(float(np.median(values))) if values else ""
+        merged.append(first)
+    return pd.concat([single, pd.DataFrame(merged)], ignore_index=True)
+
+
+def _features(w: Workload, gpu_slug: str, row) -> dict:
+    """The estimator's uncalibrated predictions and the components the factor models use."""
+    est = estimate(w, gpu_slug, "none")
+    m, t, gpu = est.raw_memory, est.time, est.gpu
+    p = count_params(w.model)
+    accumulated = m.gradients_bytes if w.grad_accum > 1 else 0
+    common = m.autocast_weight_cache_bytes + m.quant_workspace_bytes + accumulated
+    out = {
+        "group": w.model.fingerprint, "model": w.model.name, "family": w.model.model_type,
+        "attn": w.attn, "method": w.method, "training": w.training, "params_total": float(p.total),
+        "params_active": float(p.active), "tokens": float(w.batch * w.seq), "world_size": w.world_size,
+        "grad_accum": w.grad_accum, "new_tokens": w.new_tokens, "batch": w.batch, "seq": w.seq,
+        "source_file": row["source_file"], "started_at": row.get("started_at", ""),
+        "raw_peak_allocated_bytes": float(m.peak_allocated_bytes),
+        "raw_peak_reserved_bytes": float(m.peak_reserved_bytes),
+        "raw_device_used_bytes": float(m.device_used_bytes),
+        "raw_context_bytes": float(m.cuda_context_bytes), "raw_step_s": t.step_s,
+        "acts": float(m.activations_bytes), "logits": float(m.logits_and_loss_bytes),
+        "temps": float(m.optimizer_temporaries_bytes), "paged": float(m.paged_optimizer_bytes),
+        "fwd": float(m.activations_bytes + m.logits_and_loss_bytes + common) if w.training else 0.0,
+        "step": float(m.gradients_bytes + m.optimizer_temporaries_bytes) if w.training else 0.0,
+        "peak_flops": peak_flops(gpu, w), "exposed_comm_s": t.exposed_comm_s,
+        "bandwidth": float(gpu.memory_bandwidth_bytes_per_s),
+        "hw_flops": w.grad_accum * training_flops(w).hardware_flops if w.training else 0.0,
+        "prefill_flops": 0.0 if w.training else prefill_flops(w), "decode_bytes": 0.0,
+    }
+    if not w.training and w.new_tokens:
+        mid = w.seq + w.new_tokens // 2
+        out["decode_bytes"] = float(m.weights_bytes + kv_cache_bytes(w.model, w.batch, mid,
+                                                                    w.activation_dtype_bytes, w.tp))
+    for q in _MEASURED:
+        out[f"m_{q}"] = _num(row.get(q, ""))
+    if not w.training and w.new_tokens == 0 and math.isnan(out["m_prefill_s"]):
+        out["m_prefill_s"] = out["m_step_s"]  # a prompt-only run is all prefill
+    for lib in VERSION_COLUMNS:
+        out[lib] = str(row.get(lib, "") or "")
+    return out
+
+
+def build_dataset(rows: pd.DataFrame, gpu: str, files: list | None = None) -> Dataset:
+    """Select the rows of `gpu`, rebuild their Workloads and attach the raw predictions."""
+    if gpu != TRACE_GPU:
+        tables.gpu(gpu)  # unknown slugs fail here with the estimator's message
+    skipped: dict = {}
+    if rows.attrs.get("duplicates"):
+        skipped["duplicate of a row in another file"] = rows.attrs["duplicates"]
+    if rows.empty:
+        return Dataset(gpu, pd.DataFrame(), [], list(files or []), skipped)
+    rows = rows.copy()
+    for col in ("source_file", "_csv_dir"):
+        if col not in rows:
+            rows[col] = "<memory>" if col == "source_file" else ""
+    rows = _merge_ranks(_select(rows, gpu, skipped))
+    slug = DEVICE_INDEPENDENT_SLUG if gpu == TRACE_GPU else gpu
+    records, workloads, used = [], [], {}
+    for _, row in rows.iterrows():
+        try:
+            w = workload_from_row(row)
+            feats = _features(w, slug, row)
+        except (EstimatorError, ValueError) as exc:
+            reason = f"cannot rebuild the workload: {str(exc)[:80]}"
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        if not any(not math.isnan(feats[f"m_{q}"]) for q in QUANTITIES):
+            skipped["no quantity measured"] = skipped.get("no quantity measured", 0) + 1
+            continue
+        records.append(feats)
+        workloads.append(w)
+        used[feats["source_file"]] = used.get(feats["source_file"], 0) + 1
+    files = [SourceFile(f.path, f.sha256, f.rows, used.get(f.path, 0), f.first, f.last) for f in (files or [])]
+    return Dataset(gpu, pd.DataFrame.from_records(records), workloads, files, skipped)
+
+
+def load(paths, gpu: str) -> Dataset:
+    """Read measurement files (or folders of them) and build the Dataset of `gpu`."""
+    rows, files = read_rows(paths)
+    return build_dataset(rows, gpu, files)
+
+
+def committed_files(gpu: str, measurements_dir: Path | None = None) -> list[Path]:
+    """The committed measurement files of `gpu`: calibrations/measurements/<gpu>/*.csv."""
+    folder = Path(measurements_dir or MEASUREMENTS_DIR) / gpu
+    return sorted(folder.glob("*.csv")) if folder.is_dir() else []

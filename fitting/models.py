@@ -1,0 +1,295 @@
+"""The factor models: small, bounded, robust fits whose every factor has a meaning.
+
+Each model mirrors how estimator.calibration.apply_memory / estimator.api apply the factor, so a
+fitted factor means exactly what the estimator does with it.
+
+1. Peak allocated [B] (`_fit_allocated`), one robust least-squares fit over all points:
+     training:  raw + max(fwd + (s-1) acts + (l-1) logits, step + (t-1) temps) - max(fwd, step) + c
+     inference: raw + (s_inf - 1) acts + c
+   s = `activation_scale["model_type|attn"]`, s_inf = `inference_activation_scale[...]`,
+   l = `logits_scale`, t = `optimizer_temporaries_scale`, c = `allocated_constant_bytes`.
+   Residuals are relative ((pred - measured) / measured) under a soft-L1 loss (scale 2 %), so a
+   few wrong points pull little; bounds keep every factor physical (scales in [0.2, 5], c >= 0);
+   a weak pull towards the formula (scale 1, c 0) settles directions the data cannot tell apart.
+   A factor is kept only when at least MIN_POINTS measurements bind it (the phase it acts in is
+   the peak). Family entries ("llama") and "*" are medians of the fitted "family|attn" entries.
+2. Peak reserved [B] (`_fit_reserve`): reserved = allocated x (1 + f) + g per method, and "*"
+   over all methods, fitted on measured allocated and reserved (f in [0, 2], g in [0, 16 GiB]).
+3. Device used [B] (`_fit_device`): `cuda_context_bytes` = median measured context;
+   `non_pytorch_bytes` = median of device_used - reserved - context - paged states on one GPU;
+   `nccl_buffers_bytes` = the same residual's median on multi-GPU runs, less non_pytorch.
+4. Step time [s] (`_fit_time`): per point the achieved fraction hardware FLOPs / (peak x
+   (step_s - exposed communication)); `mfu["method|size"]` and `mfu["method"]` are medians;
+   inference: prefill FLOPs / (peak x prefill_s) ("inference-prefill") and
+   `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x s per token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from estimator.calibration import TRACE_GPU, size_bucket
+from estimator.defaults import overhead
+
+MIN_POINTS = 3          # a factor needs at least this many measurements that bind it
+PRIOR_WEIGHT = 0.05     # pull towards the formula, in relative-error units per unit of factor
+F_SCALE = 0.02          # soft-L1 scale: residuals beyond ~2 % count linearly, not squared
+GiB = 2**30
+SCALE_BOUNDS = (0.2, 5.0)
+TEMPS_BOUNDS = (0.0, 5.0)
+CONST_BOUNDS_GIB = (0.0, 64.0)
+RESERVE_BYTES_BOUNDS_GIB = (0.0, 16.0)
+METHODS = ("full", "lora", "qlora", "inference")
+
+
+@dataclass
+class Fit:
+    """The table's `factors`, how many points each rests on, and notes for the reader."""
+
+    factors: dict = field(default_factory=dict)
+    points: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+
+def _r(x: float, digits: int = 4) -> float:
+    return float(f"{float(x):.{digits}g}")
+
+
+def _median_map(entries: dict) -> dict:
+    """Add family ("llama") and global ("*") entries: medians of the "family|attn" entries."""
+    out = dict(entries)
+    families: dict = {}
+    for key, value in entries.items():
+        families.setdefault(key.split("|")[0], []).append(value)
+    for family, values in families.items():
+        out.setdefault(family, _r(np.median(values)))
+    if entries:
+        out["*"] = _r(np.median(list(entries.values())))
+    return out
+
+
+class AllocatedProblem:
+    """Peak allocated as a function of the factor vector (see the module docstring, model 1)."""
+
+    def __init__(self, frame: pd.DataFrame, with_constant: bool):
+        rows = frame[frame["m_peak_allocated_bytes"].notna()]
+        keys = rows["family"] + "|" + rows["attn"]
+        train = rows["training"].to_numpy(bool)
+        counts_t = keys[train & (rows["acts"] > 0).to_numpy()].value_counts()
+        counts_i = keys[~train & (rows["acts"] > 0).to_numpy()].value_counts()
+        self.act_keys = sorted(k for k, n in counts_t.items() if n >= MIN_POINTS)
+        self.inf_keys = sorted(k for k, n in counts_i.items() if n >= MIN_POINTS)
+        # rows whose activation factor cannot be fitted would be modelled with the wrong scale
+        fitted = np.where(train, keys.isin(self.act_keys), keys.isin(self.inf_keys)) | (rows["acts"] <= 0).to_numpy()
+        rows, keys, train = rows[fitted], keys[fitted], train[fitted]
+        self.rows = rows
+        self.n = len(rows)
+        self.train = train
+        self.use_logits = int((train & (rows["logits"] > 0).to_numpy()).sum()) >= MIN_POINTS
+        self.use_temps = int((train & (rows["temps"] > 0).to_numpy()).sum()) >= MIN_POINTS
+        self.use_const = with_constant and self.n >= 2 * MIN_POINTS
+        self.names = ([("act", k) for k in self.act_keys] + [("inf", k) for k in self.inf_keys]
+                      + ([("logits", "")] if self.use_logits else []) + ([("temps", "")] if self.use_temps else [])
+                      + ([("const", "")] if self.use_const else []))
+        index = {name: i for i, name in enumerate(self.names)}
+        self.act_index = np.array([index.get(("act" if t else "inf", k), -1) for t, k in zip(train, keys)])
+        self.meas = rows["m_peak_allocated_bytes"].to_numpy(float)
+        self.raw = rows["raw_peak_allocated_bytes"].to_numpy(float)
+        self.acts, self.logits, self.temps = (rows[c].to_numpy(float) for c in ("acts", "logits", "temps"))
+        self.fwd, self.step = rows["fwd"].to_numpy(float), rows["step"].to_numpy(float)
+        self.base = np.where(train, np.maximum(self.fwd, self.step), 0.0)
+
+    def x0(self) -> np.ndarray:
+        return np.array([0.0 if kind == "const" else 1.0 for kind, _ in self.names])
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = [], []
+        for kind, _ in self.names:
+            b = CONST_BOUNDS_GIB if kind == "const" else TEMPS_BOUNDS if kind == "temps" else SCALE_BOUNDS
+            lo.append(b[0])
+            hi.append(b[1])
+        return np.array(lo), np.array(hi)
+
+    def _get(self, x: np.ndarray, kind: str, default: float) -> float:
+        return x[self.names.index((kind, ""))] if (kind, "") in self.names else default
+
+    def phases(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The scaled forward/backward and optimizer-step working sets (bytes)."""
+        s = np.where(self.act_index >= 0, x[np.maximum(self.act_index, 0)] if len(x) else 1.0, 1.0)
+        fwd = self.fwd + (s - 1.0) * self.acts + (self._get(x, "logits", 1.0) - 1.0) * self.logits
+        step = self.step + (self._get(x, "temps", 1.0) - 1.0) * self.temps
+        return fwd, step, s
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        fwd, step, s = self.phases(x)
+        delta = np.where(self.train, np.maximum(fwd, step) - self.base, (s - 1.0) * self.acts)
+        return self.raw + delta + self._get(x, "const", 0.0) * GiB
+
+    def residuals(self, x: np.ndarray) -> np.ndarray:
+        rel = (self.predict(x) - self.meas) / self.meas
+        return np.concatenate([rel, PRIOR_WEIGHT * (x - self.x0())])
+
+    def binding(self, x: np.ndarray) -> dict:
+        """How many points each factor acts on at the peak."""
+        fwd, step, _ = self.phases(x)
+        fwd_peak = ~self.train | (fwd >= step)
+        out = {}
+        for i, (kind, key) in enumerate(self.names):
+            if kind in ("act", "inf"):
+                out[(kind, key)] = int(((self.act_index == i) & fwd_peak & (self.acts > 0)).sum())
+            elif kind == "logits":
+                out[(kind, key)] = int((self.train & fwd_peak & (self.logits > 0)).sum())
+            elif kind == "temps":
+                out[(kind, key)] = int((self.train & ~fwd_peak & (self.temps > 0)).sum())
+            else:
+                out[(kind, key)] = self.n
+        return out
+
+    def solve(self) -> np.ndarray:
+        if not self.names:
+            return np.zeros(0)
+        lo, hi = self.bounds()
+        result = least_squares(self.residuals, np.clip(self.x0(), lo, hi), bounds=(lo, hi),
+                               loss="soft_l1", f_scale=F_SCALE, x_scale=1.0)
+        return result.x
+
+
+def _fit_allocated(frame: pd.DataFrame, fit: Fit, with_constant: bool) -> None:
+    problem = AllocatedProblem(frame, with_constant)
+    if problem.n < MIN_POINTS or not problem.names:
+        return
+    x = problem.solve()
+    binding = problem.binding(x)
+    acts, infs = {}, {}
+    for i, (kind, key) in enumerate(problem.names):
+        n = binding[(kind, key)]
+        if n < MIN_POINTS:
+            fit.notes.append(f"{kind} {key or ''} left at its default: only {n} points bind it".replace("  ", " "))
+            continue
+        if kind == "act":
+            acts[key] = _r(x[i])
+            fit.points.setdefault("activation_scale", {})[key] = n
+        elif kind == "inf":
+            infs[key] = _r(x[i])
+            fit.points.setdefault("inference_activation_scale", {})[key] = n
+        elif kind == "logits":
+            fit.factors["logits_scale"], fit.points["logits_scale"] = _r(x[i]), n
+        elif kind == "temps":
+            fit.factors["optimizer_temporaries_scale"], fit.points["optimizer_temporaries_scale"] = _r(x[i]), n
+        else:
+            fit.factors["allocated_constant_bytes"] = int(round(x[i] * GiB))
+            fit.points["allocated_constant_bytes"] = n
+    if acts:
+        fit.factors["activation_scale"] = _median_map(acts)
+    if infs:
+        fit.factors["inference_activation_scale"] = _median_map(infs)
+
+
+def _fit_reserve_rows(alloc: np.ndarray, reserved: np.ndarray, f0: float) -> tuple[float, float]:
+    """(fraction, bytes) of reserved = alloc x (1 + fraction) + bytes, robust relative fit."""
+    def residuals(x):
+        pred = alloc * (1.0 + x[0]) + x[1] * GiB
+        return np.concatenate([(pred - reserved) / reserved, PRIOR_WEIGHT * np.array([x[0] - f0, x[1]])])
+
+    lo = np.array([0.0, RESERVE_BYTES_BOUNDS_GIB[0]])
+    hi = np.array([2.0, RESERVE_BYTES_BOUNDS_GIB[1]])
+    x = least_squares(residuals, np.clip([f0, 0.0], lo, hi), bounds=(lo, hi), loss="soft_l1",
+                      f_scale=F_SCALE / 2).x
+    return float(x[0]), float(x[1])
+
+
+def _fit_reserve(frame: pd.DataFrame, fit: Fit) -> None:
+    rows = frame[frame["m_peak_reserved_bytes"].notna() & frame["m_peak_allocated_bytes"].notna()]
+    if len(rows) < MIN_POINTS:
+        return
+    table, points = {}, {}
+    groups = [(m, rows[rows["method"] == m]) for m in METHODS] + [("*", rows)]
+    for method, sub in groups:
+        if len(sub) < MIN_POINTS:
+            continue
+        f0 = float(overhead(f"reserve_fraction_{method if method != '*' else 'full'}"))
+        f, g = _fit_reserve_rows(sub["m_peak_allocated_bytes"].to_numpy(float),
+                                 sub["m_peak_reserved_bytes"].to_numpy(float), f0)
+        table[method] = {"fraction": _r(f), "bytes": int(round(g * GiB))}
+        points[method] = len(sub)
+    fit.factors["reserve"], fit.points["reserve"] = table, points
+
+
+def _fit_device(frame: pd.DataFrame, fit: Fit) -> None:
+    ctx = frame["m_context_bytes"].dropna()
+    context = None
+    if len(ctx) >= MIN_POINTS:
+        context = int(round(float(np.median(ctx))))
+        fit.factors["cuda_context_bytes"], fit.points["cuda_context_bytes"] = context, len(ctx)
+        by = frame.loc[ctx.index].groupby(["driver", "cuda"])["m_context_bytes"].median() \
+            if {"driver", "cuda"} <= set(frame.columns) else pd.Series(dtype=float)
+        if len(by) > 1:  # the context depends on driver and CUDA: say so, the reader decides
+            parts = [f"driver {d or '?'} / CUDA {c or '?'}: {v / 2**20:.0f} MiB" for (d, c), v in by.items()]
+            fit.notes.append("cuda_context_bytes (median over all) differs by versions: " + "; ".join(parts))
+    rows = frame[frame["m_device_used_bytes"].notna() & frame["m_peak_reserved_bytes"].notna()]
+    row_ctx = rows["m_context_bytes"].fillna(np.nan if context is None else float(context))
+    rows = rows[row_ctx.notna()]
+    row_ctx = row_ctx[row_ctx.notna()]
+    outside = rows["m_device_used_bytes"] - rows["m_peak_reserved_bytes"] - row_ctx - rows["paged"]
+    single = rows["world_size"] <= 1
+    if int(single.sum()) >= MIN_POINTS:
+        other = int(round(float(np.median(outside[single]))))
+        fit.factors["non_pytorch_bytes"], fit.points["non_pytorch_bytes"] = other, int(single.sum())
+        if int((~single).sum()) >= MIN_POINTS:
+            nccl = max(0, int(round(float(np.median(outside[~single]))) - other))
+            fit.factors["nccl_buffers_bytes"], fit.points["nccl_buffers_bytes"] = nccl, int((~single).sum())
+
+
+def _median_by(values: pd.Series, keys: pd.Series, low: float, high: float) -> tuple[dict, dict]:
+    out, points = {}, {}
+    for key, grp in values.groupby(keys):
+        if len(grp) >= MIN_POINTS:
+            out[key] = _r(min(high, max(low, float(np.median(grp)))))
+            points[key] = len(grp)
+    return out, points
+
+
+def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
+    mfu, points = {}, {}
+    train = frame[frame["training"] & frame["m_step_s"].notna()]
+    busy = train["m_step_s"] - train["exposed_comm_s"]
+    train, busy = train[busy > 0], busy[busy > 0]
+    achieved = train["hw_flops"] / (train["peak_flops"] * busy)
+    sizes = train["params_active"].map(size_bucket)
+    for keys in (train["method"] + "|" + sizes, train["method"]):
+        m, n = _median_by(achieved, keys, 0.01, 0.99)
+        mfu.update(m)
+        points.update(n)
+    inf = frame[~frame["training"] & frame["m_prefill_s"].notna()]
+    if len(inf):
+        achieved = inf["prefill_flops"] / (inf["peak_flops"] * inf["m_prefill_s"])
+        name = pd.Series("inference-prefill", index=inf.index)
+        for keys in (name + "|" + inf["params_active"].map(size_bucket), name):
+            m, n = _median_by(achieved, keys, 0.01, 0.99)
+            mfu.update(m)
+            points.update(n)
+    if mfu:
+        fit.factors["mfu"], fit.points["mfu"] = mfu, points
+    dec = frame[~frame["training"] & frame["m_decode_token_s"].notna() & (frame["decode_bytes"] > 0)]
+    if len(dec) >= MIN_POINTS:
+        frac = dec["decode_bytes"] / (dec["bandwidth"] * dec["m_decode_token_s"])
+        fit.factors["decode_bandwidth_fraction"] = _r(min(1.0, max(0.05, float(np.median(frac)))))
+        fit.points["decode_bandwidth_fraction"] = len(dec)
+
+
+def fit_all(frame: pd.DataFrame, gpu: str) -> Fit:
+    """Every factor the points can support (a trace table: allocation factors only)."""
+    fit = Fit()
+    if frame is None or frame.empty:
+        return fit
+    trace = gpu == TRACE_GPU
+    _fit_allocated(frame, fit, with_constant=not trace)
+    if not trace:
+        _fit_reserve(frame, fit)
+        _fit_device(frame, fit)
+        _fit_time(frame, fit)
+    return fit

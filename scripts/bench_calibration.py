@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Fit calibration tables from the committed measurements; print uncalibrated against calibrated
+leave-one-model-out error, per GPU.
+
+Measurements: calibrations/measurements/<gpu>/*.csv (cuda rows of that GPU: every quantity) and
+calibrations/measurements/trace/*.csv (fake-tensor traces: peak allocated only, fitted into a
+device-independent "trace" table of activation factors).
+Targets once GPU data exists (calibrated, leave one model out): peak_allocated_bytes median
+|error| <= 3 % and p90 <= 8 %; device_used_bytes median <= 5 %; step_s median <= 10 %.
+
+With no measurement committed it says so, then shows a DEMONSTRATION on SYNTHETIC rows
+(generated from known factors plus noise by fitting.synthetic; not a measurement): how well the
+fit recovers the factors and what leave-one-model-out reports. It always exits 0 unless asked
+for something impossible (an unknown --gpu).
+
+  python scripts/bench_calibration.py [--gpu SLUG] [--measurements DIR] [--write] [--synthetic]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from estimator.errors import EstimatorError  # noqa: E402
+from fitting import render, synthetic  # noqa: E402
+from fitting import table as tables  # noqa: E402
+from fitting.data import MEASUREMENTS_DIR, QUANTITIES, load  # noqa: E402
+from fitting.pipeline import Fitted, fit_dataset  # noqa: E402
+
+TARGETS = {"peak_allocated_bytes": (0.03, 0.08), "device_used_bytes": (0.05, None), "step_s": (0.10, None)}
+
+
+def _target_text() -> dict:
+    return {q: f"med<={m:.0%}" + (f" p90<={p:.0%}" if p else "") for q, (m, p) in TARGETS.items()}
+
+
+def verdicts(cv_errors: dict) -> list[str]:
+    out = []
+    for q, (med, p90) in TARGETS.items():
+        m = cv_errors.get(q)
+        if not m:
+            out.append(f"  {q}: not measured")
+            continue
+        ok = m["median_abs"] <= med and (p90 is None or m["p90_abs"] <= p90)
+        out.append(f"  {q}: median {m['median_abs']:.1%}" + (f", p90 {m['p90_abs']:.1%}" if p90 else "")
+                   + f" -> {'MET' if ok else 'MISSED'}")
+    return out
+
+
+def report(f: Fitted, title: str) -> str:
+    d = f.data
+    lines = [title, "=" * len(title)]
+    lines.append(f"files: {len(d.files)}   points: {len(d.frame)}   models (architectures): "
+                 f"{d.frame['group'].nunique() if len(d.frame) else 0}   folds: {f.cv.folds}")
+    by_q = ", ".join(f"{q} {d.points(q)}" for q in QUANTITIES if d.points(q))
+    lines.append(f"points per quantity: {by_q or 'none'}")
+    for lib, values in f.table.get("versions", {}).items():
+        lines.append(f"  {lib}: {', '.join(values)}")
+    for reason, n in sorted(d.skipped.items()):
+        lines.append(f"  left out {n} rows: {reason}")
+    lines += ["", "leave-one-model-out |error| (median, p90) and under-estimate rate",
+              render.errors([("uncalibrated", f.cv.uncalibrated), ("calibrated (LOMO CV)", f.cv.calibrated)],
+                            _target_text()),
+              "", "targets (calibrated):", *verdicts(f.cv.calibrated),
+              "", "factors", render.factors(f.table), "", "safe upper bounds", render.upper_bounds(f.table)]
+    if f.table.get("notes"):
+        lines += ["", "notes", *[f"  {n}" for n in f.table["notes"]]]
+    return "\n".join(lines)
+
+
+def _flatten(factors: dict) -> dict:
+    out = {}
+    for name, value in factors.items():
+        if isinstance(value, dict):
+            for key, v in value.items():
+                if isinstance(v, dict):
+                    out[f"{name}[{key}].fraction"] = v["fraction"]
+                    out[f"{name}[{key}].bytes"] = v["bytes"]
+                else:
+                    out[f"{name}[{key}]"] = v
+        else:
+            out[name] = value
+    return out
+
+
+def synthetic_demo(noise: float = 0.02) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = synthetic.write_csv(synthetic.rows("h100-80gb", noise=noise, seed=1), Path(tmp) / "synthetic.csv")
+        f = fit_dataset(load([path], "h100-80gb"))
+    title = (f"SYNTHETIC DEMONSTRATION (not a measurement): rows generated from known factors "
+             f"(fitting.synthetic.TRUE_FACTORS) with {noise:.0%} relative noise, h100-80gb")
+    lines = [report(f, title), "", "recovery of the known factors (SYNTHETIC)",
+             f"  {'factor':<44}{'true':>14}{'fitted':>14}{'error':>9}"]
+    true, fitted = _flatten(synthetic.TRUE_FACTORS), _flatten(f.table["factors"])
+    for name, value in true.items():
+        if name in fitted:
+            got = fitted[name]
+            err = (got - value) / value if value else float("nan")
+            lines.append(f"  {name:<44}{value:>14.4g}{got:>14.4g}{err:>9.1%}")
+        else:
+            lines.append(f"  {name:<44}{value:>14.4g}{'(not fitted)':>14}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--measurements", type=Path, default=MEASUREMENTS_DIR,
+                   help="folder holding <gpu>/*.csv (default calibrations/measurements)")
+    p.add_argument("--gpu", help="only this GPU slug (or 'trace')")
+    p.add_argument("--write", action="store_true", help="write calibrations/<gpu>.json from the fit")
+    p.add_argument("--synthetic", action="store_true", help="show the synthetic demonstration too")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    folders = sorted(d for d in args.measurements.glob("*") if d.is_dir() and any(d.glob("*.csv"))) \
+        if args.measurements.is_dir() else []
+    if args.gpu:
+        folders = [d for d in folders if d.name == args.gpu]
+    fitted_any = False
+    for folder in folders:
+        try:
+            data = load(sorted(folder.glob("*.csv")), folder.name)
+        except EstimatorError as exc:
+            print(f"{folder}: skipped: {exc}\n")
+            continue
+        if len(data.frame) == 0:
+            print(f"{folder}: no usable rows ({', '.join(f'{n} {r}' for r, n in data.skipped.items()) or 'empty'})\n")
+            continue
+        f = fit_dataset(data)
+        fitted_any = True
+        kind = "fake-tensor traces (peak allocated only)" if folder.name == "trace" else "GPU measurements"
+        print(report(f, f"{folder.name}: {kind} from {folder}"))
+        if args.write:
+            path = tables.write(tables.default_path(folder.name), f.table)
+            print(f"\nwritten: {path}")
+        print()
+    if not fitted_any:
+        print(f"no GPU measurements are committed under {args.measurements} (expected <gpu>/*.csv from "
+              f"scripts/profile.py, or trace/*.csv from the tracer): no calibrated error can be stated.\n")
+    if not fitted_any or args.synthetic:
+        print(synthetic_demo())
+    print(f"\n({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""The fit recovers known factors from synthetic measurements, leave-one-model-out reports the
+error the noise implies, and one outlier does not move the fit far.
+
+Synthetic rows (fitting.synthetic) are made by the estimator from TRUE_FACTORS plus relative
+Gaussian noise; they are not measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from estimator.api import estimate
+from estimator.calibration import TRACE_GPU
+from fitting import synthetic
+from fitting.cv import calibration_of, leave_one_model_out, metrics, upper_bound
+from fitting.data import build_dataset, load, read_rows, rows_frame, workload_from_row
+from fitting.models import MIN_POINTS, AllocatedProblem, fit_all
+
+GPU = "h100-80gb"
+TRUE = synthetic.TRUE_FACTORS
+BIASED = {"activation_scale": {"*": 1.3}, "inference_activation_scale": {"*": 1.3}, "logits_scale": 1.0,
+          "mfu": {"full": 0.3, "lora": 0.25, "qlora": 0.2, "inference-prefill": 0.4}}
+FEW = ("llama-3.2-1b", "llama-3.2-3b", "tinyllama", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen3-0.6b")
+
+
+@pytest.fixture(scope="module")
+def rows_1pct():
+    return synthetic.rows(GPU, noise=0.01, seed=3)
+
+
+@pytest.fixture(scope="module")
+def data_1pct(rows_1pct, tmp_path_factory):
+    path = synthetic.write_csv(rows_1pct, tmp_path_factory.mktemp("m") / "run.csv")
+    return load([path], GPU)
+
+
+@pytest.fixture(scope="module")
+def fit_1pct(data_1pct):
+    return fit_all(data_1pct.frame, GPU)
+
+
+def _rel(a, b):
+    return abs(a - b) / abs(b)
+
+
+# ---- recovery ------------------------------------------------------------------------------------
+
+def test_fit_recovers_memory_factors(fit_1pct, data_1pct):
+    f = fit_1pct.factors
+    assert _rel(f["cuda_context_bytes"], TRUE["cuda_context_bytes"]) < 0.01
+    assert _rel(f["non_pytorch_bytes"], TRUE["non_pytorch_bytes"]) < 0.03
+    assert _rel(f["nccl_buffers_bytes"], 384 * 2**20) < 0.05  # TRUE keeps the default NCCL bytes
+    assert _rel(f["logits_scale"], TRUE["logits_scale"]) < 0.02
+    assert _rel(f["optimizer_temporaries_scale"], TRUE["optimizer_temporaries_scale"]) < 0.03
+    assert abs(f["allocated_constant_bytes"] - TRUE["allocated_constant_bytes"]) < 16 * 2**20
+    for key, value in TRUE["activation_scale"].items():
+        n = fit_1pct.points["activation_scale"][key]
+        assert _rel(f["activation_scale"][key], value) < (0.03 if n >= 20 else 0.05), key
+    for method, row in TRUE["reserve"].items():
+        assert abs(f["reserve"][method]["fraction"] - row["fraction"]) < 0.01, method
+        assert abs(f["reserve"][method]["bytes"] - row["bytes"]) < 128 * 2**20, method
+    # every factor states how many points it rests on
+    assert set(fit_1pct.points) >= {"activation_scale", "logits_scale", "reserve", "cuda_context_bytes", "mfu"}
+
+
+def test_fit_recovers_time_factors(fit_1pct):
+    f = fit_1pct.factors
+    for key, value in TRUE["mfu"].items():
+        assert _rel(f["mfu"][key], value) < 0.02, key
+    assert _rel(f["decode_bandwidth_fraction"], TRUE["decode_bandwidth_fraction"]) < 0.02
+
+
+def test_fit_matches_the_estimator_applying_it(data_1pct, fit_1pct):
+    """The fit's own model of peak allocated is what the estimator computes with the table."""
+    problem = AllocatedProblem(data_1pct.frame, with_constant=True)
+    x = np.array([_factor_value(fit_1pct.factors, kind, key) for kind, key in problem.names])
+    predicted = problem.predict(x)
+    cal = calibration_of(fit_1pct.factors, GPU)
+    index = problem.rows.index
+    for i, row_index in enumerate(index[:80]):
+        w = data_1pct.workloads[row_index]
+        got = estimate(w, GPU, cal).memory.peak_allocated_bytes
+        assert abs(got - predicted[i]) <= 8, w.id
+
+
+def _factor_value(factors, kind, key):
+    return {"act": lambda: factors["activation_scale"][key],
+            "inf": lambda: factors["inference_activation_scale"][key],
+            "logits": lambda: factors["logits_scale"], "temps": lambda: factors["optimizer_temporaries_scale"],
+            "const": lambda: factors["allocated_constant_bytes"] / 2**30}[kind]()
+
+
+def test_family_and_global_entries_are_medians(fit_1pct):
+    acts = fit_1pct.factors["activation_scale"]
+    fitted = {k: v for k, v in acts.items() if "|" in k}
+    assert acts["llama"] == pytest.approx(np.median([acts["llama|sdpa"], acts["llama|eager"]]), rel=1e-3)
+    assert acts["*"] == pytest.approx(np.median(list(fitted.values())), rel=1e-3)
+
+
+def test_a_factor_needs_min_points(rows_1pct):
+    rows = [r for r in rows_1pct if not (r["model_type"] == "phi" and r["method"] != "inference")]
+    phi = [r for r in rows_1pct if r["model_type"] == "phi" and r["method"] == "full" and r["status"] == "ok"]
+    data = build_dataset(rows_frame(rows + phi[:MIN_POINTS - 1]), GPU)
+    fit = fit_all(data.frame, GPU)
+    assert "phi|sdpa" not in fit.factors["activation_scale"]
+    assert "phi" not in fit.factors["activation_scale"]
+
+
+def test_unbound_temporaries_are_not_reported(data_1pct):
+    """Temporaries are only seen when the optimizer step is the peak (foreach rows); without
+    those rows the factor is left out instead of reported at its prior."""
+    frame = data_1pct.frame
+    keep = ~((frame["temps"] > 0) & (frame["step"] >= frame["fwd"]))
+    fit = fit_all(frame[keep].reset_index(drop=True), GPU)
+    assert "optimizer_temporaries_scale" not in fit.factors
+
+
+# ---- robustness ------------------------------------------------------------------------------------
+
+def test_one_outlier_does_not_move_the_fit(rows_1pct):
+    base = fit_all(build_dataset(rows_frame(rows_1pct), GPU).frame, GPU).factors
+    bad = [dict(r) for r in rows_1pct]
+    i = next(i for i, r in enumerate(bad) if r["status"] == "ok" and r["model"] == "llama-3.2-1b"
+             and r["method"] == "full")
+    bad[i]["peak_allocated_bytes"] *= 2          # e.g. another process on the GPU
+    bad[i]["peak_reserved_bytes"] *= 3
+    bad[i]["device_used_bytes"] *= 3
+    bad[i]["context_bytes"] *= 4
+    bad[i]["step_s"] *= 10                       # e.g. a throttled step
+    fit = fit_all(build_dataset(rows_frame(bad), GPU).frame, GPU).factors
+    for key, value in base["activation_scale"].items():
+        assert _rel(fit["activation_scale"][key], value) < 0.01, key
+    assert _rel(fit["logits_scale"], base["logits_scale"]) < 0.01
+    assert abs(fit["reserve"]["full"]["fraction"] - base["reserve"]["full"]["fraction"]) < 0.01
+    assert _rel(fit["cuda_context_bytes"], base["cuda_context_bytes"]) < 0.01
+    assert _rel(fit["mfu"]["full|<1B"], base["mfu"]["full|<1B"]) < 0.03
+
+
+# ---- cross-validation --------------------------------------------------------------------------------
+
+def test_metrics_by_hand():
+    m = metrics([110, 90, 100, 120], [100, 100, 100, 100], ["a", "a", "b", "b"])
+    assert m == {"median_abs": pytest.approx(0.1), "p90_abs": pytest.approx(0.17), "under_rate": 0.25,
+                 "points": 4, "models": 2}
+    assert metrics([1.0], [math.nan]) is None
+
+
+def test_cross_validation_reports_the_noise():
+    """Relative noise sigma on allocated: a right model leaves median |error| = 0.674 sigma on
+    the held-out models and under-estimates half the time."""
+    sigma = 0.03
+    rows = synthetic.rows(GPU, factors=BIASED, noise=sigma, seed=11, models=FEW)
+    data = build_dataset(rows_frame(rows), GPU)
+    result = leave_one_model_out(data)
+    cal, raw = result.calibrated["peak_allocated_bytes"], result.uncalibrated["peak_allocated_bytes"]
+    assert 0.75 * 0.674 * sigma < cal["median_abs"] < 1.3 * 0.674 * sigma
+    assert 0.35 < cal["under_rate"] < 0.65
+    assert cal["models"] == len(FEW) and result.folds == len(FEW)
+    assert raw["median_abs"] > 1.5 * cal["median_abs"] and raw["under_rate"] > 0.7
+    assert result.oof["peak_allocated_bytes"].notna().all()
+
+
+def test_cross_validation_reports_the_known_bias():
+    """Without noise: uncalibrated error is exactly the bias the known factors imply; the
+    calibrated held-out error is close to nothing."""
+    rows = synthetic.rows(GPU, factors=BIASED, noise=0.0, seed=0, models=FEW)
+    data = build_dataset(rows_frame(rows), GPU)
+    result = leave_one_model_out(data)
+    truth = synthetic.true_calibration(GPU, BIASED)
+    true_alloc = np.array([estimate(w, GPU, truth).memory.peak_allocated_bytes for w in data.workloads])
+    implied = (result.raw["peak_allocated_bytes"].to_numpy() - true_alloc) / true_alloc
+    raw = result.uncalibrated["peak_allocated_bytes"]
+    assert raw["median_abs"] == pytest.approx(np.median(np.abs(implied)), rel=1e-6)
+    assert raw["under_rate"] == pytest.approx(np.mean(implied < 0))
+    assert result.calibrated["peak_allocated_bytes"]["median_abs"] < 0.003
+    assert result.calibrated["step_s"]["median_abs"] < 0.003
+
+
+def test_held_out_model_is_never_in_its_own_fit(data_1pct):
+    seen = []
+
+    def spy(frame, gpu):
+        seen.append(set(frame["group"]))
+        return fit_all(frame, gpu)
+
+    result = leave_one_model_out(data_1pct.subset(data_1pct.frame["family"].isin(["qwen2", "qwen3"])), fitter=spy)
+    groups = set(data_1pct.frame[data_1pct.frame["family"].isin(["qwen2", "qwen3"])]["group"])
+    assert len(seen) == len(groups) == result.folds
+    for fold in seen:
+        assert len(groups - fold) == 1
+
+
+def test_upper_bound_coverage_is_measured_one_level_out():
+    rng = np.random.default_rng(0)
+    ratio = 1 + 0.02 * rng.standard_normal(400)
+    groups = np.repeat(np.arange(10), 40)
+    row = upper_bound(ratio, groups, 0.95)
+    assert row["factor"] >= np.quantile(ratio, 0.95)
+    assert 0.9 < row["coverage"] <= 1.0 and row["points"] == 400 and row["models"] == 10
+    assert upper_bound(ratio[:40], groups[:40]) is None  # one model: coverage cannot be measured
+    assert upper_bound(np.full(20, 0.9), np.repeat([0, 1], 10))["factor"] == 1.0  # never below the prediction
+
+
+# ---- data ------------------------------------------------------------------------------------------------
+
+def test_rows_rebuild_their_workloads(rows_1pct):
+    for row in rows_1pct[:60]:
+        w = workload_from_row({k: "" if v is None else str(v) for k, v in row.items()})
+        assert w.id == row["id"]
+
+
+def test_rows_left_out_are_counted(rows_1pct, tmp_path):
+    rows = [dict(r) for r in rows_1pct[:40]]
+    rows[0]["backend"] = "cpu"
+    rows[1]["gpu_slug"] = "a100-80gb"
+    rows[2]["model"] = "no-such-model-anywhere"
+    rows[3]["status"] = "error"
+    rows[4]["backend"] = "trace"
+    data = load([synthetic.write_csv(rows, tmp_path / "r.csv")], GPU)
+    reasons = " | ".join(data.skipped)
+    for word in ("cpu row", "another GPU", "cannot rebuild", "status not ok", "trace row"):
+        assert word in reasons
+    assert data.files[0].rows == 40 and data.files[0].used == len(data.frame)
+
+
+def test_multi_process_rows_merge_to_the_largest_rank(rows_1pct, tmp_path):
+    two = [dict(r) for r in rows_1pct if r["world_size"] == 2 and r["status"] == "ok"][:2]
+    assert two[0]["id"] == two[1]["id"] and {two[0]["rank"], two[1]["rank"]} == {0, 1}
+    two[1]["peak_allocated_bytes"] = two[0]["peak_allocated_bytes"] + 12345
+    data = load([synthetic.write_csv(two, tmp_path / "r.csv")], GPU)
+    assert len(data.frame) == 1
+    assert data.frame["m_peak_allocated_bytes"][0] == two[0]["peak_allocated_bytes"] + 12345
+
+
+def test_unmeasured_is_not_zero(rows_1pct, tmp_path):
+    rows = [dict(r) for r in rows_1pct if r["status"] == "ok"][:5]
+    for r in rows:
+        r["device_used_bytes"] = None
+        r["step_s"] = None
+    data = load([synthetic.write_csv(rows, tmp_path / "r.csv")], GPU)
+    assert data.frame["m_device_used_bytes"].isna().all() and data.points("device_used_bytes") == 0
+    assert data.points("peak_allocated_bytes") == 5
+
+
+def test_duplicate_files_are_read_once(rows_1pct, tmp_path):
+    a = synthetic.write_csv(rows_1pct[:10], tmp_path / "a.csv")
+    b = synthetic.write_csv(rows_1pct[:10], tmp_path / "b.csv")
+    frame, files = read_rows([a, b, tmp_path])
+    assert len(files) == 1 and len(frame) == 10
+
+
+def test_trace_rows_fit_allocation_factors_only():
+    factors = {"activation_scale": {"llama|sdpa": 1.1, "qwen2|sdpa": 0.95, "qwen3|sdpa": 1.0}}
+    rows = synthetic.rows(backend="trace", factors=factors, noise=0.005, models=FEW)
+    data = build_dataset(rows_frame(rows), TRACE_GPU)
+    fit = fit_all(data.frame, TRACE_GPU)
+    assert set(fit.factors) <= {"activation_scale", "inference_activation_scale", "logits_scale",
+                                "optimizer_temporaries_scale"}
+    assert _rel(fit.factors["activation_scale"]["llama|sdpa"], 1.1) < 0.02
+    assert _rel(fit.factors["activation_scale"]["qwen2|sdpa"], 0.95) < 0.02
+
+
+def test_fitting_never_imports_torch():
+    code = ("import sys; import fitting.refresh, fitting.pipeline, fitting.synthetic; "
+            "print(sorted(m for m in ('torch', 'transformers', 'peft', 'bitsandbytes', 'deepspeed') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=__file__.rsplit("/tests/", 1)[0])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_context_by_driver_is_reported(rows_1pct):
+    rows = [dict(r) for r in rows_1pct]
+    for r in rows[::2]:
+        r["driver"] = "550.54.15"
+        if r["context_bytes"]:
+            r["context_bytes"] = int(r["context_bytes"] * 0.8)
+    fit = fit_all(build_dataset(rows_frame(rows), GPU).frame, GPU)
+    (note,) = [n for n in fit.notes if n.startswith("cuda_context_bytes")]
+    assert "driver 550.54.15" in note and "driver 570.86.15" in note
