@@ -1,0 +1,272 @@
+"""Predicted vs measured, quantity by quantity, with the error statistics users need.
+
+Error of a prediction (DESIGN.md section 7): (predicted - measured) / measured, signed, on the same
+named quantity. Per quantity the summary gives n, median |error|, p90 |error| (linear
+interpolation between order statistics, numpy's default), the under-estimate rate (share of
+cases predicted below measured: those cost a user an OOM) and the mean signed error (bias).
+
+Which rows are compared: `ok` rows only. A configuration run on several ranks is compared once,
+on the largest value over its ranks (the rank that runs out first, the slowest step). What each
+backend measures (anything else is "not measured", never 0 and never a 100 % error):
+- cuda: every quantity below;
+- trace: peak_allocated_bytes only (a fake-tensor trace has neither allocator segments nor time);
+- cpu: nothing comparable (no device memory; CPU step time says nothing about a GPU).
+Predictions use estimator.api.estimate on the row's GPU (--gpu overrides; trace rows without a
+GPU use `TRACE_GPU`, which only the time would depend on).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from estimator.errors import EstimatorError
+from estimator.workload import Workload
+from profiler.case import Case
+from profiler.record import WORKLOAD_COLUMNS
+from profiler.sweep import ROOT, resolve_model
+
+TRACE_GPU = "h100-80gb"
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A compared quantity: record column, unit, the Estimate value, backends that measure it."""
+
+    name: str
+    unit: str                       # "bytes" or "s"
+    predicted: Callable             # Estimate -> int | float | None
+    backends: tuple[str, ...]
+    inference_only: bool = False
+
+
+def _prefill(e):
+    return e.time.prefill_s if e.workload.new_tokens else None
+
+
+def _decode(e):
+    return e.time.decode_s_per_token if e.workload.new_tokens else None
+
+
+QUANTITIES = (
+    Quantity("peak_allocated_bytes", "bytes", lambda e: e.memory.peak_allocated_bytes, ("cuda", "trace")),
+    Quantity("peak_reserved_bytes", "bytes", lambda e: e.memory.peak_reserved_bytes, ("cuda",)),
+    Quantity("device_used_bytes", "bytes", lambda e: e.memory.device_used_bytes, ("cuda",)),
+    Quantity("step_s", "s", lambda e: e.time.step_s, ("cuda",)),
+    Quantity("prefill_s", "s", _prefill, ("cuda",), inference_only=True),
+    Quantity("decode_token_s", "s", _decode, ("cuda",), inference_only=True),
+)
+QUANTITY_NAMES = tuple(q.name for q in QUANTITIES)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One quantity of one configuration. `error` is None when either side is missing, and
+    `note` then says why ("not measured on cpu", "not predicted: ...")."""
+
+    id: str
+    backend: str
+    gpu_slug: str
+    quantity: str
+    unit: str
+    predicted: float | None
+    measured: float | None
+    error: float | None
+    note: str = ""
+
+
+def signed_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured; measured must be positive."""
+    return (predicted - measured) / measured
+
+
+def _number(value) -> float | None:
+    """A measured value, or None when absent, NaN or not positive (never measured as 0)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+# ---- rows -> configurations -------------------------------------------------------------------
+
+def merge_ranks(rows: list[dict]) -> list[dict]:
+    """One row per id among the ok rows: the largest value over ranks for every quantity."""
+    merged: dict[str, dict] = {}
+    for row in rows:
+        if row.get("status") != "ok":
+            continue
+        have = merged.setdefault(row["id"], dict(row))
+        for name in QUANTITY_NAMES:
+            a, b = _number(have.get(name)), _number(row.get(name))
+            have[name] = max(a, b) if a is not None and b is not None else (a if b is None else b)
+    return list(merged.values())
+
+
+def case_from_row(row: dict, base_dirs: list[Path] | None = None) -> Case:
+    """The Case a row was measured for, rebuilt from its model and Workload columns."""
+    model = resolve_model(str(row["model"]), base_dirs or [Path.cwd(), ROOT])
+    settings = {k: row[k] for k in WORKLOAD_COLUMNS if row.get(k) is not None and row.get(k) != ""}
+    return Case(model, settings, int(row.get("warmup") or 0), int(row.get("steps") or 1))
+
+
+def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Callable:
+    """predict(row) -> (gpu slug, {quantity: value}) from estimator.api.estimate; raises
+    EstimatorError when the row names no GPU or the estimator refuses the workload."""
+    from estimator.api import estimate
+
+    def predict(row: dict) -> tuple[str, dict]:
+        slug = gpu or row.get("gpu_slug") or (TRACE_GPU if row.get("backend") == "trace" else None)
+        if not slug:
+            raise EstimatorError("the row names no GPU (pass --gpu)")
+        workload: Workload = case_from_row(row).workload()
+        est = estimate(workload, slug, calibration=calibration)
+        return slug, {q.name: q.predicted(est) for q in QUANTITIES}
+    return predict
+
+
+def compare_rows(rows: list[dict], predict: Callable) -> list[Point]:
+    """Points for every ok configuration and every quantity that applies to its method."""
+    points = []
+    for row in merge_ranks(rows):
+        backend = row.get("backend") or ""
+        inference = row.get("method") == "inference"
+        wanted = [q for q in QUANTITIES if inference or not q.inference_only]
+        measured = {q.name: _number(row.get(q.name)) if backend in q.backends else None for q in wanted}
+        slug, predicted, failure = row.get("gpu_slug") or "", {}, ""
+        if any(v is not None for v in measured.values()):
+            try:
+                slug, predicted = predict(row)
+            except EstimatorError as exc:
+                failure = f"not predicted: {exc}"
+        for q in wanted:
+            points.append(_point(row, backend, slug, q, predicted.get(q.name), measured[q.name], failure))
+    return points
+
+
+def _point(row, backend, slug, q: Quantity, predicted, measured, failure) -> Point:
+    if measured is None:
+        note = "not measured" + ("" if backend in q.backends else f" on {backend or 'this backend'}")
+    elif predicted is None:
+        note = failure or "not predicted"
+    else:
+        note = ""
+    error = signed_error(float(predicted), measured) if not note else None
+    return Point(row["id"], backend, slug or "", q.name, q.unit,
+                 None if predicted is None else float(predicted), measured, error, note)
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+
+def percentile(values: list[float], pct: float) -> float:
+    """Linear interpolation between order statistics (numpy's default method)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * pct / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(points: list[Point]) -> dict:
+    """Per quantity: n compared, n not measured/predicted, median and p90 |error|, under-estimate
+    rate, mean signed error. Statistics are None when nothing was compared."""
+    out = {}
+    for q in QUANTITIES:
+        mine = [p for p in points if p.quantity == q.name]
+        errors = [p.error for p in mine if p.error is not None]
+        absolute = [abs(e) for e in errors]
+        out[q.name] = {
+            "unit": q.unit,
+            "n": len(errors),
+            "not_measured": sum(p.measured is None for p in mine),
+            "not_predicted": sum(p.measured is not None and p.error is None for p in mine),
+            "median_abs_error": percentile(absolute, 50) if errors else None,
+            "p90_abs_error": percentile(absolute, 90) if errors else None,
+            "under_estimate_rate": sum(e < 0 for e in errors) / len(errors) if errors else None,
+            "mean_error": sum(errors) / len(errors) if errors else None,
+        }
+    return out
+
+
+# ---- text ---------------------------------------------------------------------------------------
+
+def fmt_value(value: float | None, unit: str) -> str:
+    """GiB with two decimals for bytes, milliseconds or seconds for time."""
+    if value is None:
+        return "-"
+    if unit == "bytes":
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def fmt_pct(value: float | None, signed: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 100:+.1f}%" if signed else f"{value * 100:.1f}%"
+
+
+def points_text(points: list[Point], width: int = 70) -> list[str]:
+    """One line per compared quantity; one line per configuration with nothing measured."""
+    lines, by_id = [], {}
+    for p in points:
+        by_id.setdefault(p.id, []).append(p)
+    for case_id, mine in by_id.items():
+        name = case_id if len(case_id) <= width else case_id[:width - 3] + "..."
+        if all(p.measured is None for p in mine):
+            lines.append(f"{name:<{width}}  not measured (backend {mine[0].backend})")
+            continue
+        for p in mine:
+            shown = p.note or f"{fmt_pct(p.error)}"
+            lines.append(f"{name:<{width}}  {p.quantity:<21} {fmt_value(p.predicted, p.unit):>11} "
+                         f"{fmt_value(p.measured, p.unit):>11}  {shown}")
+    return lines
+
+
+def summary_text(summary: dict) -> list[str]:
+    head = (f"{'quantity':<21} {'n':>4} {'not measured':>13} {'median |err|':>13} {'p90 |err|':>10} "
+            f"{'under-est.':>10} {'bias':>8}")
+    lines = [head]
+    for name, s in summary.items():
+        lines.append(f"{name:<21} {s['n']:>4} {s['not_measured']:>13} {fmt_pct(s['median_abs_error'], False):>13} "
+                     f"{fmt_pct(s['p90_abs_error'], False):>10} {fmt_pct(s['under_estimate_rate'], False):>10} "
+                     f"{fmt_pct(s['mean_error']):>8}")
+    return lines
+
+
+def report_text(points: list[Point], summary: dict, calibration: str) -> str:
+    """The whole comparison as text: per-configuration lines, then the summary table."""
+    header = (f"predicted vs measured (error = (predicted - measured) / measured; calibration: {calibration})\n"
+              f"{'configuration':<70}  {'quantity':<21} {'predicted':>11} {'measured':>11}  error")
+    body = points_text(points) or ["(no ok rows to compare)"]
+    return "\n".join([header, *body, "", *summary_text(summary)]) + "\n"
+
+
+# ---- the whole step, on a run folder --------------------------------------------------------------
+
+def write_comparison(rows: list[dict], run_dir: Path, gpu: str | None = None,
+                     calibration: str = "auto", predict: Callable | None = None) -> dict:
+    """Compare, then write compare.csv (one line per point), compare.json (summary + points),
+    compare.txt and parity.png into run_dir. Returns the summary dict (with file names)."""
+    import pandas as pd
+
+    from profiler.plot import parity_plot
+    from profiler.store import atomic_write, atomic_write_json, atomic_write_text
+
+    points = compare_rows(rows, predict or estimate_predictor(gpu, calibration))
+    summary = summarize(points)
+    run_dir = Path(run_dir)
+    frame = pd.DataFrame([p.__dict__ for p in points], columns=list(Point.__dataclass_fields__))
+    atomic_write(run_dir / "compare.csv", lambda tmp: frame.to_csv(tmp, index=False))
+    text = report_text(points, summary, calibration)
+    atomic_write_text(run_dir / "compare.txt", text)
+    parity_plot(points, run_dir / "parity.png")
+    result = {"calibration": calibration, "gpu": gpu, "quantities": summary,
+              "files": ["compare.csv", "compare.json", "compare.txt", "parity.png"],
+              "points": [p.__dict__ for p in points]}
+    atomic_write_json(run_dir / "compare.json", result)
+    return {**result, "text": text}

@@ -1,0 +1,407 @@
+"""Run each configuration in its own process and collect its record rows; run a whole sweep.
+
+An OOM or a sticky CUDA error dies with its process and cannot touch the next configuration.
+
+Child contract (profiler/child.py)::
+
+    <child> --case CASE.json --out RESULT.json --backend {cuda,cpu,trace}
+
+- `<child>` is `sys.executable -m profiler.child`, replaced by the `child_cmd` argument or the
+  PROFILER_CHILD_CMD environment variable (shell words, e.g. "python /tmp/fake_child.py");
+- CASE.json holds `Case.to_json()`;
+- RESULT.json: a JSON list of record rows (profiler/record.py columns), one per rank; columns the
+  child leaves out or sets to null are filled here where the parent knows them (id, model,
+  Workload fields, warmup, steps, rank 0, world size, backend, started_at, wall_s, hostname,
+  gpu_slug); unknown keys are dropped. The child exits 0 whenever it wrote the file, oom and
+  error rows included;
+- world size N > 1 (Workload gpus): the child runs under DeepSpeed's launcher when ZeRO > 0,
+  else torchrun, with RANK/LOCAL_RANK/WORLD_SIZE in the environment (no --local_rank argument).
+  Rank r writes `RESULT.rank<r>.json` (same stem as --out; e.g. result.rank1.json); rank 0 may
+  write RESULT.json instead or as well (it may also hold every rank's row). The parent reads
+  RESULT.json, then every RESULT.rank*.json, keeps the first row it sees per rank, and adds an
+  `error` row for every rank 0..N-1 with no row;
+- no file at all (segfault, kill, timeout, import error): one `error` row per rank whose message
+  says why (exit code, signal, or "timeout after S s") followed by the last lines of the child's
+  stderr. On timeout the whole process group is terminated (SIGTERM, then SIGKILL after 10 s).
+
+The child's stdout and stderr go to `<log_dir>/<model>-<hash>.stdout|.stderr` (log_dir is the
+run folder's logs/; a temporary folder when none is given). Children run with the repository
+root as working directory and on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from profiler.case import Case
+from profiler.record import BACKENDS, COLUMN_NAMES, WORKLOAD_COLUMNS, check_row, empty_row
+from profiler.store import RunStore, utc_now
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD_MODULE = "profiler.child"
+CHILD_ENV = "PROFILER_CHILD_CMD"
+KILL_GRACE_S = 10.0
+MESSAGE_LINES = 3
+MESSAGE_CHARS = 500
+STATUS_PRIORITY = ("oom", "error", "skipped", "ok")  # a case's status: the first one any rank has
+
+
+# ---- commands ---------------------------------------------------------------------------------
+
+def child_base_command(child_cmd: list[str] | None = None) -> list[str]:
+    """The command that runs one child: the argument, else $PROFILER_CHILD_CMD, else
+    `python -m profiler.child` with this interpreter."""
+    if child_cmd:
+        return list(child_cmd)
+    if os.environ.get(CHILD_ENV):
+        return shlex.split(os.environ[CHILD_ENV])
+    return [sys.executable, "-m", CHILD_MODULE]
+
+
+def _program(base: list[str]) -> list[str]:
+    """What a launcher runs, from a `python -m MOD` or `python SCRIPT` command."""
+    if len(base) >= 3 and base[1] == "-m":
+        return ["-m", base[2], *base[3:]]
+    if len(base) >= 2:
+        return base[1:]
+    raise ValueError(f"cannot launch {base!r} on several processes: expected 'python -m MOD' or "
+                     "'python SCRIPT'")
+
+
+def launch_command(base: list[str], world_size: int, zero: int, port: int) -> list[str]:
+    """`base` itself for one process; for N > 1 DeepSpeed's launcher (ZeRO > 0) or torchrun."""
+    if world_size <= 1:
+        return list(base)
+    program = _program(base)
+    if zero > 0:
+        target = ["--module", program[1], *program[2:]] if program[0] == "-m" else program
+        return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(world_size),
+                "--master_port", str(port), "--no_local_rank", *target]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+            str(world_size), *program]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for the launcher's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def case_slug(case: Case) -> str:
+    """A file-name-safe, stable name for a case: model stem + 10 hex digits of its id's hash."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(case.model).stem.split("/")[-1])[:40]
+    return f"{stem}-{hashlib.sha1(case.id.encode()).hexdigest()[:10]}"
+
+
+# ---- running one process ------------------------------------------------------------------------
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group, SIGKILL it if still alive after the grace period."""
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def execute(cmd: list[str], stdout_path: Path, stderr_path: Path, timeout_s: float) -> tuple[int | None, bool]:
+    """Run `cmd` in its own session; (exit code, timed out). The exit code is negative when a
+    signal ended the process, None when it had to be killed on timeout."""
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                env=_child_env(), start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s), False
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return None, True
+        except BaseException:  # Ctrl-C in the parent: take the child down with it
+            _kill_group(proc)
+            raise
+
+
+def tail_message(path: Path, lines: int = MESSAGE_LINES, limit: int = MESSAGE_CHARS) -> str:
+    """The last non-empty lines of a log, joined on one line with ' | ' and cut to `limit` chars."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    kept = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()][-lines:]
+    message = " | ".join(kept)
+    return message if len(message) <= limit else "..." + message[-(limit - 3):]
+
+
+def failure_reason(returncode: int | None, timed_out: bool, timeout_s: float) -> str:
+    """Why a child left no (complete) result, in words."""
+    if timed_out:
+        return f"timeout after {timeout_s:g} s"
+    if returncode is not None and returncode < 0:
+        try:
+            return f"child killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"child killed by signal {-returncode}"
+    return f"child exited with code {returncode} without writing a result"
+
+
+def failure_message(returncode: int | None, timed_out: bool, timeout_s: float, problem: str | None,
+                    stderr_path: Path) -> str:
+    """The message of the error rows the parent writes for ranks without a row: how the child
+    ended (when that was abnormal), what was wrong with its result file, then its stderr tail."""
+    reasons = [failure_reason(returncode, timed_out, timeout_s)] if (timed_out or returncode != 0) else []
+    reasons += [problem] if problem else []
+    reason = "; ".join(reasons) or failure_reason(returncode, False, timeout_s)
+    tail = tail_message(stderr_path)
+    return f"{reason}: {tail}" if tail else reason
+
+
+# ---- reading results ----------------------------------------------------------------------------
+
+def result_files(out_path: Path) -> list[Path]:
+    """RESULT.json first, then RESULT.rank<r>.json in rank order (the multi-process convention)."""
+    def rank_of(p: Path) -> int:
+        digits = p.name[len(out_path.stem) + len(".rank"):-len(".json")]
+        return int(digits) if digits.isdigit() else 1 << 30
+    ranked = sorted(out_path.parent.glob(f"{out_path.stem}.rank*.json"), key=rank_of)
+    return ([out_path] if out_path.exists() else []) + ranked
+
+
+def read_result_rows(out_path: Path) -> tuple[list[dict], str | None]:
+    """Every row the child wrote, and a problem description when a file was unreadable."""
+    rows, problem = [], None
+    for path in result_files(out_path):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            problem = f"unreadable result {path.name}: {exc}"
+            continue
+        data = [data] if isinstance(data, dict) else data
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            problem = f"result {path.name} is not a list of rows"
+            continue
+        rows += data
+    return rows, problem
+
+
+def case_columns(case: Case) -> dict:
+    """The columns the parent knows about a case before it runs (identity, Workload, counts)."""
+    w = case.workload()
+    cols = {"id": case.id, "model": case.model, "model_type": w.model.model_type,
+            "warmup": case.warmup, "steps": case.steps, "world_size": w.world_size}
+    for name in WORKLOAD_COLUMNS:
+        value = getattr(w, name)
+        cols[name] = ",".join(value) if isinstance(value, tuple) else value
+    return cols
+
+
+def _base_row(known: dict) -> dict:
+    row = empty_row()
+    row.update({k: v for k, v in known.items() if k in row})
+    return row
+
+
+def _complete(raw: dict, known: dict) -> dict:
+    """A child's row with unknown keys dropped and the parent's known columns filled in."""
+    row = _base_row(known)
+    row.update({k: v for k, v in raw.items() if k in COLUMN_NAMES and v is not None})
+    row["id"] = known["id"]  # the resume key is the parent's
+    row["rank"] = row.get("rank") if row.get("rank") is not None else 0
+    try:
+        return check_row(row)
+    except ValueError as exc:
+        return _error_row(known, row["rank"], f"child wrote an invalid row: {exc}")
+
+
+def _error_row(known: dict, rank: int, message: str) -> dict:
+    row = _base_row(known)
+    row.update(status="error", message=message, rank=rank)
+    return check_row(row)
+
+
+def collect_rows(case: Case, raw_rows: list[dict], known: dict, failure: str) -> list[dict]:
+    """One row per rank 0..world_size-1 (first row seen per rank; extra ranks kept), error rows
+    with `failure` for ranks the child left without a row."""
+    by_rank: dict[int, dict] = {}
+    for raw in raw_rows:
+        row = _complete(raw, known)
+        by_rank.setdefault(row["rank"], row)
+    for rank in range(case.workload().world_size):
+        if rank not in by_rank:
+            by_rank[rank] = _error_row(known, rank, failure)
+    return [by_rank[r] for r in sorted(by_rank)]
+
+
+def case_status(rows: list[dict]) -> str:
+    """One status for a case: oom if any rank ran out of memory, else error, skipped, ok."""
+    statuses = {r.get("status") for r in rows}
+    return next((s for s in STATUS_PRIORITY if s in statuses), "error")
+
+
+# ---- the runner ---------------------------------------------------------------------------------
+
+@dataclass
+class Runner:
+    """Runs Cases one process each. `backend` is passed to the child (cuda, cpu or trace) and
+    written on rows the parent makes; `timeout_s` is the wall-clock limit per configuration."""
+
+    backend: str = "cpu"
+    timeout_s: float = 600.0
+    child_cmd: list[str] | None = None
+    log_dir: Path | None = None
+    gpu_slug: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS} (resolve 'auto' first); got {self.backend!r}")
+
+    def command(self, case: Case, case_path: Path, out_path: Path) -> list[str]:
+        w = case.workload()
+        base = launch_command(child_base_command(self.child_cmd), w.world_size, w.zero,
+                              free_port() if w.world_size > 1 else 0)
+        return [*base, "--case", str(case_path), "--out", str(out_path), "--backend", self.backend]
+
+    def _known(self, case: Case, started_at: str, wall_s: float) -> dict:
+        return {**case_columns(case), "backend": self.backend, "started_at": started_at,
+                "wall_s": wall_s, "hostname": socket.gethostname(), "gpu_slug": self.gpu_slug,
+                "message": ""}
+
+    def run(self, case: Case) -> list[dict]:
+        """Run one case in a fresh process; its rows (one per rank), never raising for what the
+        child did."""
+        started_at, t0 = utc_now(), time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="gpu-budget-case-") as tmp:
+            work = Path(tmp)
+            logs = Path(self.log_dir) if self.log_dir else work
+            logs.mkdir(parents=True, exist_ok=True)
+            case_path, out_path = work / "case.json", work / "result.json"
+            case_path.write_text(case.to_json())
+            stdout_path, stderr_path = logs / f"{case_slug(case)}.stdout", logs / f"{case_slug(case)}.stderr"
+            rc, timed_out = execute(self.command(case, case_path, out_path), stdout_path, stderr_path,
+                                    self.timeout_s)
+            raw_rows, problem = read_result_rows(out_path)
+            failure = failure_message(rc, timed_out, self.timeout_s, problem, stderr_path)
+            known = self._known(case, started_at, time.monotonic() - t0)
+            return collect_rows(case, raw_rows, known, failure)
+
+
+# ---- a sweep ------------------------------------------------------------------------------------
+
+@dataclass
+class SweepOutcome:
+    """What one invocation did: cases run, cases already finished, statuses of those run."""
+
+    ran: int = 0
+    already_done: int = 0
+    statuses: Counter = field(default_factory=Counter)
+
+    def line(self) -> str:
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items()))
+        return f"ran {self.ran} configurations ({counts or 'none'}); {self.already_done} already finished"
+
+
+def short_id(case_id: str, width: int = 90) -> str:
+    return case_id if len(case_id) <= width else case_id[:width - 3] + "..."
+
+
+def progress_bar(total: int, enabled: bool, desc: str = "profiling"):
+    """A tqdm bar on stderr counting configurations, with elapsed and remaining time."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="config", file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True)
+
+
+def run_sweep(cases: list[Case], runner: Runner, store: RunStore, force: bool = False,
+              retry_errors: bool = False, limit: int | None = None, progress: bool = True) -> SweepOutcome:
+    """Run the cases the store has not finished (see store.py), at most `limit` of them, storing
+    each case's rows atomically as soon as it ends."""
+    todo = store.pending(cases, force=force, retry_errors=retry_errors)
+    outcome = SweepOutcome(already_done=len(cases) - len(todo))
+    if limit is not None:
+        todo = todo[:limit]
+    bar = progress_bar(len(todo), progress)
+    try:
+        for case in todo:
+            bar.set_postfix_str(short_id(case.id, 60))
+            rows = runner.run(case)
+            store.put(case.id, rows)
+            status = case_status(rows)
+            outcome.ran += 1
+            outcome.statuses[status] += 1
+            if progress:
+                wall_s = max((r.get("wall_s") or 0.0) for r in rows)
+                note = next((r["message"] for r in rows if r.get("status") != "ok" and r.get("message")), "")
+                bar.write(f"{status:<7} {wall_s:6.1f} s  {short_id(case.id)}"
+                          + (f"  ({note[:120]})" if note else ""), file=sys.stderr)
+            bar.update(1)
+    finally:
+        bar.close()
+    return outcome
+
+
+# ---- the GPU this machine has ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The first CUDA device as torch sees it: name, total memory (bytes), device count."""
+
+    name: str
+    memory_bytes: int
+    count: int
+
+
+_PROBE = ("import json, torch\n"
+          "ok = torch.cuda.is_available() and torch.cuda.device_count() > 0\n"
+          "p = torch.cuda.get_device_properties(0) if ok else None\n"
+          "print(json.dumps({'count': torch.cuda.device_count() if ok else 0,\n"
+          "                  'name': p.name if ok else '', 'memory_bytes': p.total_memory if ok else 0}))\n")
+
+
+def detect_gpu(timeout_s: float = 180.0) -> GpuInfo | None:
+    """Ask torch in a short-lived subprocess (so this process never holds a CUDA context that
+    would sit on the device while children measure); None when there is no usable CUDA GPU."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=timeout_s, cwd=ROOT, env=_child_env())
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
+        return None
+    if not info.get("count"):
+        return None
+    return GpuInfo(info["name"], int(info["memory_bytes"]), int(info["count"]))
+
+
+def match_gpu_slug(name: str, memory_bytes: int) -> str | None:
+    """The row of estimator/data/gpus.csv for a device (profiler.env's matcher, which the child
+    uses for the gpu_slug column too); None when no row matches."""
+    from profiler.env import match_gpu_slug as match
+
+    return match(name, memory_bytes) or None

@@ -1,0 +1,281 @@
+"""The run folder: record rows in one table file, written atomically, plus the run's own files.
+
+Layout of a run folder (default `runs/<gpu-slug or cpu>-<UTC timestamp>/`):
+
+    results.csv        every record row (profiler/record.py columns), one per configuration and rank
+    run.json           one entry per invocation: command line, start/end time, environment
+    sweep.yaml|json    a copy of the sweep file (a changed file on resume: sweep-<timestamp>.yaml)
+    logs/              stdout and stderr of every child process
+    compare.*, parity.png, max_batch.json   written after the sweep (profiler/compare.py, search.py)
+
+Atomic: every write goes to a temporary file in the same folder, is flushed and fsync'ed, then
+`os.replace`d over the target, so a killed sweep leaves either the previous complete file or the
+new complete file, never half of one.
+
+Resume semantics (the key is the Workload id of the configuration):
+- finished = the id has rows and none of them is `error`: ok, oom and skipped are results;
+- an id with an `error` row (crash, timeout, a bug) is kept as it is on a plain rerun and run
+  again only with `retry_errors` (--retry-errors), since errors are often not transient;
+- `force` (--force) runs every configuration of the sweep again;
+- a configuration that runs again has all its old rows replaced (never duplicated); rows of ids
+  the current sweep does not name are never dropped.
+
+CSV is the default format; Parquet (`results.parquet`) needs pyarrow. In memory a row is a dict:
+int bytes and counts, float seconds, bool flags, str text, None for "not measured".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+from estimator.errors import EstimatorError
+from estimator.workload import Workload
+from profiler.case import Case
+from profiler.record import COLUMN_NAMES, check_row
+
+FINISHED_STATUSES = ("ok", "oom", "skipped")
+_FLOAT_COLUMNS = {"step_spread", "mfu"}
+_INT_COLUMNS = {"rank", "world_size", "warmup", "steps"}
+
+
+def _column_types() -> dict[str, type]:
+    """Python type of every record column (str unless the name or Workload field says otherwise)."""
+    types = {name: str for name in COLUMN_NAMES}
+    for f in fields(Workload):
+        if f.name in types and isinstance(f.default, (bool, int)):
+            types[f.name] = type(f.default)
+    for name in COLUMN_NAMES:
+        if name.endswith("_bytes") or name in _INT_COLUMNS:
+            types[name] = int
+        elif name.endswith("_s") or name in _FLOAT_COLUMNS:
+            types[name] = float
+    return types
+
+
+COLUMN_TYPES = _column_types()
+
+
+def utc_stamp() -> str:
+    """UTC time as a compact, sortable folder-name stamp: 20250101T120000Z."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def utc_now() -> str:
+    """UTC time, ISO 8601 with seconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ---- atomic files -----------------------------------------------------------------------------
+
+def atomic_write(path: Path, write) -> None:
+    """Call `write(tmp_path)` on a temporary file next to `path`, fsync it, then replace `path`."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def atomic_write_json(path: Path, data) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+# ---- value conversion ---------------------------------------------------------------------------
+
+def _to_cell(value):
+    """A row value as stored: tuples/lists as comma strings, the rest unchanged (None stays empty)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return value
+
+
+def _from_cell(name: str, text: str):
+    """A stored string back to its Python type; empty means None (not measured)."""
+    if text is None or text == "" or text.lower() == "nan":
+        return None
+    kind = COLUMN_TYPES.get(name, str)
+    if kind is bool:
+        return text.strip().lower() in ("true", "1", "yes")
+    if kind is int:
+        return int(float(text)) if any(c in text for c in ".eE") else int(text)
+    if kind is float:
+        return float(text)
+    return text
+
+
+# ---- the store --------------------------------------------------------------------------------
+
+class RunStore:
+    """Rows of one run folder, held in memory and rewritten atomically after each change."""
+
+    def __init__(self, run_dir: str | Path, fmt: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        found = [f for f in ("csv", "parquet") if (self.run_dir / f"results.{f}").exists()]
+        self.fmt = fmt or (found[0] if found else "csv")
+        if self.fmt not in ("csv", "parquet"):
+            raise EstimatorError(f"result format must be csv or parquet; got {self.fmt!r}")
+        if found and self.fmt not in found:  # resuming must read the rows already there
+            raise EstimatorError(f"{self.run_dir} holds results.{found[0]}: resume it in that format")
+        if self.fmt == "parquet":
+            _require_pyarrow()
+        self._clean_temporaries()
+        self._rows: list[dict] = self._read()
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / f"results.{self.fmt}"
+
+    def _clean_temporaries(self) -> None:
+        """Temporary files a killed writer left behind (never the results themselves)."""
+        for stale in self.run_dir.glob(".results.*.tmp"):
+            stale.unlink(missing_ok=True)
+
+    def _read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        import pandas as pd
+
+        try:
+            if self.fmt == "csv":
+                frame = pd.read_csv(self.path, dtype=str, keep_default_na=False)
+            else:
+                frame = pd.read_parquet(self.path).astype("string").fillna("")
+        except Exception as exc:  # a corrupt table is bad input: say which file
+            raise EstimatorError(f"cannot read results {self.path}: {exc}") from None
+        return [{k: _from_cell(k, v) for k, v in rec.items()} for rec in frame.to_dict("records")]
+
+    def _write(self) -> None:
+        import pandas as pd
+
+        columns = list(COLUMN_NAMES) + sorted({k for r in self._rows for k in r} - set(COLUMN_NAMES))
+        frame = pd.DataFrame({c: pd.Series([_to_cell(r.get(c)) for r in self._rows], dtype=object)
+                              for c in columns}, columns=columns)
+        if self.fmt == "csv":
+            atomic_write(self.path, lambda tmp: frame.to_csv(tmp, index=False))
+        else:
+            atomic_write(self.path, lambda tmp: frame.astype("string").to_parquet(tmp, index=False))
+
+    # ---- queries ----
+
+    def rows(self) -> list[dict]:
+        """Copies of every stored row, in the order they were stored."""
+        return [dict(r) for r in self._rows]
+
+    def rows_of(self, case_id: str) -> list[dict]:
+        return [dict(r) for r in self._rows if r.get("id") == case_id]
+
+    def statuses(self) -> dict[str, set[str]]:
+        """id -> the set of statuses of its rows."""
+        out: dict[str, set[str]] = {}
+        for r in self._rows:
+            out.setdefault(r.get("id"), set()).add(r.get("status"))
+        return out
+
+    def is_finished(self, case_id: str, retry_errors: bool = False) -> bool:
+        """True when the id has rows and (with retry_errors) none of them is an error."""
+        statuses = self.statuses().get(case_id)
+        if not statuses:
+            return False
+        return not (retry_errors and "error" in statuses)
+
+    def pending(self, cases: list[Case], force: bool = False, retry_errors: bool = False) -> list[Case]:
+        """The cases still to run, in order (see the module docstring for the rules)."""
+        if force:
+            return list(cases)
+        statuses = self.statuses()
+        return [c for c in cases
+                if not statuses.get(c.id) or (retry_errors and "error" in statuses[c.id])]
+
+    # ---- changes ----
+
+    def put(self, case_id: str, rows: list[dict]) -> None:
+        """Replace every stored row of `case_id` by `rows` and rewrite the file atomically."""
+        if not rows:
+            raise ValueError("put() needs at least one row")
+        for row in rows:
+            if row.get("id") != case_id:
+                raise ValueError(f"row id {row.get('id')!r} is not {case_id!r}")
+            check_row({k: v for k, v in row.items() if k in COLUMN_NAMES})
+        self._rows = [r for r in self._rows if r.get("id") != case_id] + [dict(r) for r in rows]
+        self._write()
+
+    # ---- the run's own files ----
+
+    def write_json(self, name: str, data) -> Path:
+        path = self.run_dir / name
+        atomic_write_json(path, data)
+        return path
+
+    def write_text(self, name: str, text: str) -> Path:
+        path = self.run_dir / name
+        atomic_write_text(path, text)
+        return path
+
+    def keep_sweep_copy(self, source: Path | None = None, text: str | None = None,
+                        suffix: str = ".yaml") -> str:
+        """Copy the sweep file (or write `text`) as sweep<suffix>; if a different one is already
+        there (a resumed run with an edited sweep), keep both: the new one as sweep-<stamp>."""
+        if source is not None:
+            text, suffix = Path(source).read_text(), Path(source).suffix or suffix
+        target = self.run_dir / f"sweep{suffix}"
+        if target.exists() and target.read_text() != text:
+            target = self.run_dir / f"sweep-{utc_stamp()}{suffix}"
+        if not target.exists():
+            atomic_write_text(target, text)
+        return target.name
+
+    def log_invocation(self, info: dict) -> int:
+        """Append one invocation record to run.json; returns its index (for `finish_invocation`)."""
+        data = self._run_json()
+        data.setdefault("invocations", []).append(info)
+        self.write_json("run.json", data)
+        return len(data["invocations"]) - 1
+
+    def finish_invocation(self, index: int, **info) -> None:
+        """Add end-of-run facts (finished_at, counts) to one invocation of run.json."""
+        data = self._run_json()
+        data["invocations"][index].update(info)
+        self.write_json("run.json", data)
+
+    def _run_json(self) -> dict:
+        path = self.run_dir / "run.json"
+        if not path.exists():
+            return {"invocations": []}
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise EstimatorError(f"{path} is corrupt: {exc.msg} at line {exc.lineno}") from None
+
+
+def default_run_dir(label: str, parent: str | Path = "runs") -> Path:
+    """runs/<label>-<UTC timestamp>, with a numeric suffix if that folder exists."""
+    base = Path(parent) / f"{label}-{utc_stamp()}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise EstimatorError("Parquet results need pyarrow, which is not installed; use csv") from None
+
