@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (issue 6): install the carried wheels, run the gpu-marked tests,
+# run the default sweep with the profiler, and pack everything it produced into $OUT.
+#
+# Prepare here (CPU machine), once: scripts/fetch_gpu_wheels.sh puts deepspeed, bitsandbytes and
+# DeepSpeed's pure-Python needs (hjson, pydantic, pydantic-core, annotated-types,
+# typing-inspection, typing-extensions) for Python 3.12 into .whl/ (git-ignored).
+# Then call the device tool with carry [".whl"] and the command:
+#     bash scripts/gpu_session.sh [SWEEP_FILE] [LIMIT_S]
+# The run folder comes back as $OUT/run.tgz with the logs; unpack it under
+# calibrations/measurements/<gpu>/ and commit (the profiler already wrote calibrations/<gpu>.json
+# inside the copy that travelled: it is in the tarball too).
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+SWEEP=${1:-}
+LIMIT_S=${2:-900}
+export PYTHONUNBUFFERED=1
+export TORCH_EXTENSIONS_DIR=/tmp/torch_extensions
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || echo "wheel install failed: see pip.log"
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+  python3 -c "import bitsandbytes, deepspeed; print('bitsandbytes', bitsandbytes.__version__, 'deepspeed', deepspeed.__version__)"
+} >"$OUT/env.txt" 2>&1
+timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/ >"$OUT/gpu_tests.log" 2>&1
+echo "gpu tests exit $?" >>"$OUT/gpu_tests.log"
+timeout "$LIMIT_S" python3 scripts/profile.py $SWEEP --run runs/gpu --no-progress >"$OUT/profile.log" 2>&1
+echo "profile exit $?" >>"$OUT/profile.log"
+tar czf "$OUT/run.tgz" runs/gpu calibrations 2>/dev/null
+tail -40 "$OUT/gpu_tests.log" "$OUT/profile.log"
