@@ -70,13 +70,25 @@ def required_packages(w: Workload) -> list[str]:
 
 
 def check_packages(w: Workload) -> None:
-    """Raise MissingPackage naming the first package this Workload needs and lacks."""
+    """Raise MissingPackage naming the first package this Workload needs and lacks, and the
+    settings that need it (e.g. "bitsandbytes is not installed (needed for quant nf4)")."""
     for name in required_packages(w):
         if importlib.util.find_spec(name) is None:
-            raise MissingPackage(f"{name} is not installed (needed for {w.method}"
-                                 f"{', quant ' + w.quant if w.quant != 'none' else ''}"
-                                 f"{', optimizer ' + w.optimizer if name == 'bitsandbytes' else ''}"
-                                 f"{', ZeRO' if name == 'deepspeed' else ''})")
+            raise MissingPackage(f"{name} is not installed (needed for {_needed_for(name, w)})")
+
+
+def _needed_for(name: str, w: Workload) -> str:
+    """The Workload settings that need package `name`."""
+    if name == "peft":
+        return f"method {w.method}"
+    if name == "deepspeed":
+        return f"zero {w.zero}"
+    if name == "flash_attn":
+        return "attn flash"
+    reasons = [f"quant {w.quant}"] if w.quant != "none" else []
+    if w.optimizer.endswith("8bit") or w.optimizer.startswith("paged"):
+        reasons.append(f"optimizer {w.optimizer}")
+    return ", ".join(reasons)
 
 
 def hf_config(cfg: dict, w: Workload):
@@ -122,8 +134,6 @@ def _quantize_linears(model, w: Workload, device: str) -> None:
     quantizing the random weights on the way to `device` (as transformers' bnb quantizer)."""
     import torch
 
-    if device == "meta":
-        raise ValueError("bitsandbytes layers cannot be built on meta; the tracer uses its stand-in")
     head = model.get_output_embeddings()
     targets = [(name, mod) for name, mod in model.named_modules()
                if isinstance(mod, torch.nn.Linear) and mod is not head]
@@ -139,6 +149,10 @@ def _quantize_linears(model, w: Workload, device: str) -> None:
 
 
 def _bnb_linear(linear, w: Workload, device: str):
+    if device == "meta":  # Params4bit cannot live on meta: the tracer's stand-in, same storage
+        from profiler.trace_qlora import stand_in_linear
+
+        return stand_in_linear(linear, w, torch_dtype(w.compute_dtype))
     import bitsandbytes as bnb
 
     bias = linear.bias is not None

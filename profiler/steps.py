@@ -22,12 +22,15 @@ def _autocast(w: Workload, device_type: str):
 
 def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) -> None:
     """Forward and backward over `grad_accum` micro-batches (the same batch: values do not change
-    memory or time), then the optimizer step and `zero_grad(set_to_none=True)`."""
+    memory or time), then the optimizer step and `zero_grad(set_to_none=True)`.
+
+    Only the loss outlives the forward, as in the HF Trainer (`compute_loss` returns the loss and
+    drops the outputs): the half-precision logits are freed before the backward starts."""
     for _ in range(w.grad_accum):
         with _autocast(w, device_type):
-            out = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False)
-        (out.loss / w.grad_accum).backward()
-        del out
+            loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
+        (loss / w.grad_accum).backward()
+        del loss
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

@@ -1,0 +1,437 @@
+"""The child process: run ONE configuration and write its record rows.
+
+    python -m profiler.child --case CASE.json --out RESULT.json [--backend auto|cuda|cpu]
+
+CASE.json is `profiler.case.Case.to_json()`. The output is a JSON list of record rows (dicts with
+exactly the columns of profiler.record, each passed through `record.check_row`), written
+atomically (a temporary file in the same folder, then `os.replace`): a reader never sees half a file.
+
+Backends: `auto` is cuda when `torch.cuda.is_available()`, else cpu. On cpu the CUDA memory
+columns are None (not measured), step times are real and host_rss_bytes is measured. `trace`
+hands the case to `profiler.trace.trace_row` (one process, fake tensors; the parent's backend).
+
+Status of a row: `ok`; `oom` (torch.OutOfMemoryError, or a RuntimeError/MemoryError whose text
+says the memory ran out: CUDA, cuBLAS, DeepSpeed and bitsandbytes variants), message = the
+error's first line; `skipped` (build.MissingPackage: the message names the package and the
+configuration); `error` (anything else, including a malformed case), message
+"ExceptionType: first line".
+
+Processes and files (what the parent reads):
+- One process (no launcher, or WORLD_SIZE 1): RESULT.json holds one row (rank 0, world_size 1).
+- Under torchrun or the deepspeed launcher (WORLD_SIZE > 1, RANK, LOCAL_RANK set): rank r runs
+  the case on cuda:LOCAL_RANK (or cpu), joins the process group (nccl on cuda, gloo on cpu) and
+  writes RESULT.rank<r>.json (next to RESULT.json, e.g. out/R.json -> out/R.rank1.json) holding its
+  one row. RESULT.json itself is not written. So the parent's rule is: rows = RESULT.json if present
+  plus every RESULT.rank*.json; a rank whose file is missing died before writing (killed by the
+  launcher or the OS). The parent should delete stale RESULT*.json before launching.
+- The case's gpus x nodes must equal WORLD_SIZE (a 2-GPU ZeRO case measured in 1 process would
+  report the wrong partitions): a mismatch is an `error` row.
+
+Exit status: 0 whenever the file was written, except in a multi-process run, where a rank whose
+row is not `ok` exits 3 after writing its file so that the launcher stops the other ranks (they
+would otherwise wait in a collective for it). 2 when the file cannot be written (one line on
+stderr). The parent must read the files whatever the exit status.
+
+ZeRO cases (Workload.zero 1-3) go through profiler.zero (deepspeed.initialize); other training
+cases use build.make_optimizer and steps.train_step (wrapped in DistributedDataParallel when
+WORLD_SIZE > 1); inference cases time steps.prefill and steps.decode separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from estimator.workload import Workload
+from profiler import record
+from profiler.build import MissingPackage
+from profiler.case import Case
+
+EXIT_OK = 0
+EXIT_UNWRITABLE = 2
+EXIT_RANK_FAILED = 3
+_OOM_TEXT = ("out of memory", "cublas_status_alloc_failed", "cudaerrormemoryallocation",
+             "failed to allocate", "not enough memory", "can't allocate memory",
+             "cannot allocate memory")
+
+
+# ---------------------------------------------------------------- processes and files
+
+
+def rank_info() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from the launcher's environment; (0, 0, 1) without one."""
+    env = os.environ
+    return int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1))
+
+
+def out_path(out: str | Path, rank: int, world_size: int) -> Path:
+    """RESULT.json for one process; RESULT.rank<r>.json for rank r of several."""
+    out = Path(out)
+    return out if world_size == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """Write rows as JSON atomically: temporary file in the same folder, fsync, os.replace."""
+    text = json.dumps([record.check_row(r) for r in rows], indent=1, sort_keys=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------- status of an exception
+
+
+def first_line(text) -> str:
+    """The first non-blank line of `text`; a line ending in ':' takes the next one with it
+    (wrapped errors such as "Class validation error for validator 'validate_rope':")."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for the ways running out of memory surfaces: torch.OutOfMemoryError, MemoryError,
+    and RuntimeErrors of CUDA/cuBLAS/DeepSpeed/bitsandbytes saying so."""
+    import torch
+
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(status, message) of an exception raised while running a case."""
+    if isinstance(exc, MissingPackage):
+        return "skipped", first_line(exc)
+    if is_oom(exc):
+        text = first_line(exc)
+        return "oom", text if not isinstance(exc, MemoryError) else f"MemoryError: {text or 'host'}"
+    return "error", f"{type(exc).__name__}: {first_line(exc)}"
+
+
+# ---------------------------------------------------------------- the row
+
+
+def workload_columns(w: Workload) -> dict:
+    """One column per Workload field (tuples joined by commas, as in the Workload id)."""
+    out = {}
+    for f in fields(Workload):
+        if f.name != "model":
+            value = getattr(w, f.name)
+            out[f.name] = ",".join(value) if isinstance(value, tuple) else value
+    return out
+
+
+def identity_columns(case: Case | None, raw: dict | None) -> dict:
+    """id, model, model_type and the Workload columns, as far as the case can be read."""
+    row = {"model": case.model if case else (raw or {}).get("model")}
+    if case is None:
+        return row
+    try:
+        w = case.workload()
+        row.update(id=w.id, model_type=w.model.model_type, **workload_columns(w))
+    except Exception:  # an invalid workload: the error row says why
+        pass
+    row.update(warmup=case.warmup, steps=case.steps)
+    return row
+
+
+def safe_environment(device: str) -> dict:
+    """profiler.env.environment, falling back to the cpu fields if the device cannot be read."""
+    from profiler import env
+
+    try:
+        return env.environment(device)
+    except Exception:  # e.g. a sticky CUDA error: still name the libraries and the host
+        return env.environment("cpu")
+
+
+def process_wall_s() -> float:
+    """Seconds since this process started (interpreter start and imports included)."""
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
+
+
+# ---------------------------------------------------------------- running the case
+
+
+def resolve_backend(choice: str) -> str:
+    """cuda or cpu; `auto` is cuda when torch sees a GPU. An unavailable cuda is checked later
+    (`check_backend`), so that it becomes an error row rather than no row."""
+    if choice != "auto":
+        return choice
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_backend(backend: str) -> None:
+    import torch
+
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("backend cuda asked for, but torch.cuda.is_available() is False")
+
+
+def device_name(backend: str, local_rank: int) -> str:
+    return f"cuda:{local_rank}" if backend == "cuda" else "cpu"
+
+
+def setup_device(backend: str, local_rank: int):
+    """(device, nvml device or None, context_bytes): on cuda, select cuda:LOCAL_RANK and
+    measure the CUDA context (NVML delta around torch.cuda.init() and a one-element tensor)."""
+    if backend != "cuda":
+        return "cpu", None, None
+    import torch
+
+    from profiler import nvml
+
+    device = device_name(backend, local_rank)
+    handle = nvml.open_device(local_rank)
+
+    def init() -> None:
+        torch.cuda.init()
+        torch.cuda.set_device(device)
+        torch.empty(1, device=device)
+
+    context = nvml.context_bytes(handle, init, lambda: torch.cuda.memory_reserved(device))
+    return device, handle, context
+
+
+def check_world(w: Workload, world_size: int) -> None:
+    if w.world_size != world_size:
+        raise ValueError(f"the case needs {w.world_size} processes (gpus x nodes) but runs in "
+                         f"{world_size}: launch it with torchrun/deepspeed --nproc_per_node {w.world_size}")
+    if w.tp > 1 or w.pp > 1:
+        raise ValueError("tensor and pipeline parallel are not profiled (tp = pp = 1 only)")
+
+
+def _vocab_size(model) -> int:
+    return getattr(model, "module", model).config.vocab_size
+
+
+def prepare(case: Case, w: Workload, device: str, world_size: int) -> tuple[list, int | None, object]:
+    """(phases, weights_bytes, host offload reader or None): the model built on `device` and
+    the step's phases (training: one; inference: prefill and decode)."""
+    from profiler import build, measure
+
+    if w.zero:
+        return _prepare_zero(case, w, device)
+    model = build.build_model(case.config(), w, device)
+    weights = measure.weights_bytes(model, device)
+    batch = build.make_batch(w, _vocab_size(model), device)
+    if not w.training:
+        return _inference_phases(model, batch, w, device), weights, None
+    optimizer = build.make_optimizer(model, w)
+    if world_size > 1:
+        model = _ddp(model, device)
+    return [_train_phase(model, optimizer, batch, w, device)], weights, None
+
+
+def _prepare_zero(case: Case, w: Workload, device: str):
+    from profiler import build, measure, zero
+
+    engine, model = zero.build(case.config(), w, device)
+    batch = build.make_batch(w, _vocab_size(model), device)
+    # host_offload_bytes is read after the run: the Adam states exist only after a step
+    return ([zero.train_phase(engine, batch, w)], measure.weights_bytes(model, device),
+            lambda: zero.host_offload_bytes(engine, w.offload))
+
+
+def _ddp(model, device: str):
+    import torch
+
+    ids = [torch.device(device).index] if device.startswith("cuda") else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def _train_phase(model, optimizer, batch, w: Workload, device: str):
+    from profiler import steps
+
+    device_type = device.split(":")[0]
+    return lambda: steps.train_step(model, optimizer, batch, w, device_type)
+
+
+def _inference_phases(model, batch, w: Workload, device: str) -> list:
+    """[prefill] or [prefill, decode of new_tokens - 1 tokens]; the cache passes between them."""
+    from profiler import steps
+
+    device_type = device.split(":")[0]
+    carried: dict = {}
+
+    def prefill() -> None:
+        carried["token"], carried["cache"] = steps.prefill(model, batch, w, device_type)
+
+    def decode() -> None:
+        steps.decode(model, carried.pop("token"), carried.pop("cache"), w, device_type, w.new_tokens - 1)
+
+    def prefill_only() -> None:
+        prefill()
+        carried.clear()
+
+    return [prefill, decode] if w.new_tokens > 1 else [prefill_only]
+
+
+_owned_group = False  # True once this module created the process group (main tears it down)
+
+
+def init_process_group(w: Workload, backend: str, world_size: int) -> None:
+    """DeepSpeed's process group for ZeRO (also for one process), torch's for DDP."""
+    global _owned_group
+    import torch.distributed as dist
+
+    dist_backend = "nccl" if backend == "cuda" else "gloo"
+    already = dist.is_initialized()
+    if w.zero:
+        from profiler import zero
+
+        if backend == "cpu":
+            zero.use_cpu_accelerator()
+        zero.init_distributed(dist_backend)
+    elif world_size > 1 and not already:
+        dist.init_process_group(dist_backend)
+    _owned_group = _owned_group or (not already and dist.is_initialized())
+
+
+def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict:
+    """Measure the case; the row's measured columns (and gpu environment)."""
+    from profiler import build, measure, nvml
+
+    w = case.workload()
+    build.check_packages(w)
+    check_world(w, world_size)
+    check_backend(backend)
+    device, handle, context = setup_device(backend, local_rank)
+    init_process_group(w, backend, world_size)
+    phases, weights, offload = prepare(case, w, device, world_size)
+    probe, source = nvml.used_probe(handle)
+    measured = measure.run(phases, case.warmup, case.steps, device, probe)
+    phase_s = measured.pop("phase_s")
+    env = safe_environment(device)
+    row = {**measured, **env, "context_bytes": context, "weights_bytes": weights,
+           "device_used_source": source if measured["device_used_bytes"] else None,
+           "host_offload_bytes": offload() if offload else None}
+    if not w.training:
+        row.update(measure.inference_split(w, phase_s))
+    row.update(measure.rates(w, measured["step_s"], env["gpu_slug"]))
+    return row
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m profiler.child", description=__doc__.split("\n\n")[0])
+    p.add_argument("--case", required=True, help="Case JSON file (profiler.case.Case.to_json())")
+    p.add_argument("--out", required=True, help="result file; rank files go next to it")
+    p.add_argument("--backend", choices=("auto", "cuda", "cpu", "trace"), default="auto",
+                   help="auto: cuda if available, else cpu; trace: profiler.trace's fake-tensor trace")
+    return p.parse_args(argv)
+
+
+def read_case(path: str) -> tuple[Case | None, dict | None, Exception | None]:
+    """(case, raw dict, error): the parsed case, or what could be read and why it failed."""
+    raw = None
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(raw, dict):
+            raise ValueError(f"a case is a JSON object (Case.to_json()); got a {type(raw).__name__}")
+        return Case.from_dict(raw), raw, None
+    except Exception as e:  # unreadable, not JSON, unknown keys, bad counts
+        return None, raw if isinstance(raw, dict) else None, e
+
+
+def build_row(args: argparse.Namespace, rank: int, local_rank: int, world_size: int) -> dict:
+    """The complete row of this process (never raises for a problem of the case)."""
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    case, raw, problem = read_case(args.case)
+    backend = resolve_backend(args.backend)
+    row = {**record.empty_row(), **identity_columns(case, raw), "rank": rank, "world_size": world_size,
+           "started_at": started, "backend": backend, "status": "ok", "message": ""}
+    try:
+        if problem is not None:
+            raise problem
+        if backend == "trace":
+            return _trace_row(case, row)
+        row.update(run_case(case, backend, local_rank, world_size))
+    except Exception as e:  # every failure of a case is data: oom, skipped or error
+        row["status"], row["message"] = classify(e)
+        row.update(safe_environment(device_name(backend, local_rank)))
+    row["wall_s"] = process_wall_s()
+    return row
+
+
+def _trace_row(case: Case, row: dict) -> dict:
+    """backend trace: profiler.trace's row (a fake-tensor trace on cpu, one process)."""
+    from profiler.trace import trace_row
+
+    return {**row, **trace_row(case), "wall_s": process_wall_s()}
+
+
+def _finish_distributed() -> None:
+    """Destroy the process group this module created (one made by a caller stays)."""
+    global _owned_group
+    if not _owned_group:
+        return
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # tearing down after a failure must not hide the row
+        pass
+    _owned_group = False
+
+
+def write_checked(path: Path, row: dict) -> dict:
+    """Write the row; one that `record.check_row` refuses (a reading of 0 bytes, say) is written
+    as an error row without its byte readings instead. Returns the row written."""
+    try:
+        write_rows(path, [row])
+        return row
+    except ValueError as e:
+        row = {**row, **dict.fromkeys(record.MEASURED_BYTES), "status": "error",
+               "message": f"invalid measurement: {first_line(e)}"}
+        write_rows(path, [row])
+        return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    rank, local_rank, world_size = rank_info()
+    path = out_path(args.out, rank, world_size)
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+        print(f"profiler.child: cannot write {path}: folder missing or not writable", file=sys.stderr)
+        return EXIT_UNWRITABLE
+    row = build_row(args, rank, local_rank, world_size)
+    try:
+        row = write_checked(path, row)
+    except OSError as e:
+        print(f"profiler.child: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_UNWRITABLE
+    if world_size > 1 and row["status"] != "ok":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_RANK_FAILED)  # skip interpreter teardown: it may wait on the other ranks
+    _finish_distributed()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""DeepSpeed ZeRO 1/2/3 (optimizer and parameter offload) through `deepspeed.initialize`, as a
+user runs it: DeepSpeed's own AdamW (FusedAdam on the device, DeepSpeedCPUAdam with offload),
+mixed precision from the Workload, default bucket sizes.
+
+- `ds_config(w)`: the config dict (bf16/fp16 enabled per precision: AMP precisions mean DeepSpeed
+  mixed precision, as `--bf16` does under the HF Trainer; zero_optimization stage; offload to
+  pinned cpu memory).
+- `init_distributed(backend)`: the process group (gloo on cpu, nccl on cuda); a lone process
+  without a launcher gets RANK 0, WORLD_SIZE 1 and a free MASTER_PORT.
+- `build(case_config, w, device)`: the model as the HF Trainer builds it under ZeRO: for stage 3
+  an `HfDeepSpeedConfig` is alive while transformers builds the model, so `from_config` runs
+  under `deepspeed.zero.Init` and the parameters are partitioned as they are created (the full
+  model never exists on one device); then `deepspeed.initialize` (DeepSpeed partitions anything
+  created outside zero.Init, e.g. LoRA adapters).
+- `train_phase(engine, batch, w)`: one optimizer step: grad_accum x (forward, engine.backward,
+  engine.step); DeepSpeed steps the optimizer at the accumulation boundary.
+- `partitions(engine)`: what this rank holds (elements, padding included) and `host_offload_bytes`.
+
+DeepSpeed compiles its ops with g++ on first use (FusedAdam and DeepSpeedCPUAdam about 85 s each
+on 2 cores): set TORCH_EXTENSIONS_DIR to a cached folder. On a machine without CUDA DeepSpeed
+picks its CPU accelerator by itself; `use_cpu_accelerator()` forces it before deepspeed is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from estimator.workload import Workload
+from profiler import build as builder
+
+LR = 1e-5
+
+
+def use_cpu_accelerator() -> None:
+    """Make DeepSpeed use its CPU accelerator (call before importing deepspeed)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def ds_config(w: Workload) -> dict:
+    """DeepSpeed config dict of a ZeRO Workload (stage 1-3, offload per `w.offload`)."""
+    zero: dict = {"stage": w.zero}
+    if w.offload in ("optimizer", "optimizer+params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if w.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    half = w.compute_dtype
+    return {
+        "train_micro_batch_size_per_gpu": w.batch,
+        "gradient_accumulation_steps": w.grad_accum,
+        "bf16": {"enabled": half == "bf16"},
+        "fp16": {"enabled": half == "fp16"},
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def check_supported(w: Workload) -> None:
+    """Refuse what this module does not profile, with one line."""
+    if not w.training or not w.zero:
+        raise ValueError("profiler.zero runs ZeRO training workloads (zero 1, 2 or 3)")
+    if w.optimizer != "adamw":
+        raise ValueError(f"ZeRO runs use DeepSpeed's AdamW (FusedAdam/DeepSpeedCPUAdam); "
+                         f"optimizer {w.optimizer} is not profiled under ZeRO")
+    if w.quant != "none":
+        raise ValueError("quantized bases (QLoRA/int8) under ZeRO are not profiled")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(backend: str) -> None:
+    """Initialise DeepSpeed's process group with `backend` (gloo or nccl); outside a launcher,
+    as a single process (RANK 0, WORLD_SIZE 1, MASTER_ADDR 127.0.0.1, a free MASTER_PORT)."""
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+
+
+def build(case_config: dict, w: Workload, device: str):
+    """(engine, model): the Workload's model built as the HF Trainer does under ZeRO, wrapped by
+    `deepspeed.initialize` with DeepSpeed's optimizer. Needs `init_distributed` first."""
+    import deepspeed
+
+    check_supported(w)
+    config = ds_config(w)
+    with _hf_zero3(config, w.zero == 3):
+        model = builder.build_model(case_config, w, device)
+        params = builder.trainable_parameters(model)
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+    return engine, model
+
+
+@contextmanager
+def _hf_zero3(config: dict, enabled: bool):
+    """While inside, transformers (and peft) see ZeRO-3 enabled: `from_config` builds under
+    `deepspeed.zero.Init` and peft gathers partitioned weights when adding adapters. On the way
+    out the setting is cleared, so a later build in the same process is not partitioned (the HF
+    Trainer keeps it for its whole run; the training step itself does not consult it)."""
+    if not enabled:
+        yield
+        return
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    keep_alive = HfDeepSpeedConfig(config)  # transformers holds only a weak reference
+    try:
+        yield keep_alive
+    finally:
+        unset_hf_deepspeed_config()
+
+
+def train_phase(engine, batch: builder.Batch, w: Workload):
+    """The callable running one optimizer step of `engine` on `batch`. Only the loss outlives
+    the forward, as in the HF Trainer and steps.train_step (the logits are freed before backward)."""
+
+    def step() -> None:
+        for _ in range(w.grad_accum):
+            loss = engine(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
+            engine.backward(loss)
+            engine.step()
+            del loss
+
+    return step
+
+
+# ---------------------------------------------------------------- what each rank holds
+
+
+@dataclass(frozen=True)
+class Partitions:
+    """Elements this rank holds (DeepSpeed's padding included). `master_numel`: fp32 master
+    weights; `state_numel`: each optimizer state (exp_avg, exp_avg_sq); `param_numel`: parameter
+    elements stored (stage 3: this rank's partitions; stages 1/2: every parameter)."""
+
+    stage: int
+    world_size: int
+    master_numel: int
+    state_numel: dict
+    param_numel: int
+
+
+def master_partitions(optimizer) -> list:
+    """The fp32 master-weight partitions of this rank (one flat tensor per group)."""
+    if hasattr(optimizer, "fp32_partitioned_groups_flat"):  # stage 3
+        return list(optimizer.fp32_partitioned_groups_flat)
+    return list(optimizer.single_partition_of_fp32_groups)  # stages 1 and 2
+
+
+def optimizer_states(optimizer) -> dict:
+    """{state name: [tensors]} of the inner (Adam) optimizer, scalars such as `step` left out."""
+    out: dict = {}
+    for state in optimizer.optimizer.state.values():
+        for name, value in state.items():
+            if hasattr(value, "numel") and value.dim() > 0:
+                out.setdefault(name, []).append(value)
+    return out
+
+
+def partitions(engine) -> Partitions:
+    """What this rank of `engine` holds, read off DeepSpeed's optimizer (after a step, so the
+    Adam states exist)."""
+    opt = engine.optimizer
+    params = list(engine.module.parameters())
+    stage = engine.zero_optimization_stage()
+    param_numel = sum(p.ds_tensor.numel() for p in params) if stage == 3 else sum(p.numel() for p in params)
+    return Partitions(stage, engine.world_size, sum(t.numel() for t in master_partitions(opt)),
+                      {name: sum(t.numel() for t in ts) for name, ts in optimizer_states(opt).items()},
+                      param_numel)
+
+
+def _offloaded_tensors(engine, offload: str) -> list:
+    """Tensors DeepSpeed keeps on the host for this offload mode: fp32 master partitions, their
+    gradient buffers and the Adam states (optimizer), plus the half-precision parameter
+    partitions (optimizer+params, stage 3)."""
+    opt = engine.optimizer
+    masters = master_partitions(opt)
+    out = masters + [m.grad for m in masters if m.grad is not None]
+    out += [t for ts in optimizer_states(opt).values() for t in ts]
+    out.append(getattr(opt, "grad_partitions_flat_buffer", None))  # stage 3 gradient partitions
+    if offload == "optimizer+params":
+        out += list(getattr(opt, "fp16_partitioned_groups_flat", []))
+    return [t for t in out if t is not None and t.numel() > 0]
+
+
+def host_offload_bytes(engine, offload: str) -> int | None:
+    """Bytes of offloaded tensors (each storage once); None without offload. Tensors are counted
+    by role, so a cpu run reports what a GPU run would keep on the host."""
+    if offload == "none":
+        return None
+    seen, total = set(), 0
+    for t in _offloaded_tensors(engine, offload):
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total or None

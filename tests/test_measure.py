@@ -1,0 +1,271 @@
+"""Measurement helpers on synthetic inputs: step statistics, phase timing, the cpu path (every CUDA
+quantity None, never 0), NVML absent or hiding this process, peak sampling, tokens/s and MFU,
+weights bytes, the environment and the GPU table match."""
+
+import os
+import socket
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from estimator import tables
+from estimator.configs import load_spec
+from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
+from estimator.workload import Workload
+from profiler import env, measure, nvml, record
+
+TINY = "tests/data/tiny-llama.json"
+
+
+def _w(**kw) -> Workload:
+    return Workload(model=load_spec(TINY), **kw).validate()
+
+
+# ---------------------------------------------------------------- statistics and timing
+
+
+def test_step_stats_median_min_max_spread():
+    s = measure.step_stats([0.30, 0.10, 0.20, 0.25])
+    assert (s.median_s, s.min_s, s.max_s) == (pytest.approx(0.225), 0.10, 0.30)
+    assert s.spread == pytest.approx((0.30 - 0.10) / 0.225)
+    one = measure.step_stats([0.5])
+    assert (one.median_s, one.spread) == (0.5, 0.0)
+
+
+@pytest.mark.parametrize("bad", [[], [0.1, 0.0], [0.1, -1.0], [float("nan")]])
+def test_step_stats_refuses_no_or_non_positive_durations(bad):
+    with pytest.raises(ValueError):
+        measure.step_stats(bad)
+
+
+class FakeClock:
+    """A clock whose time only moves when a phase advances it; counts syncs."""
+
+    def __init__(self):
+        self.now, self.syncs = 0.0, 0
+
+    def mark(self):
+        return self.now
+
+    def sync(self):
+        self.syncs += 1
+
+    def elapsed_s(self, a, b):
+        return b - a
+
+
+def test_time_phases_times_each_phase_of_each_step_and_syncs_once():
+    clock = FakeClock()
+    calls = []
+
+    def phase(name, seconds):
+        def run():
+            calls.append(name)
+            clock.now += seconds
+        return run
+
+    out = measure.time_phases([phase("prefill", 0.5), phase("decode", 0.25)], 3, clock)
+    assert out == [[0.5, 0.25]] * 3
+    assert calls == ["prefill", "decode"] * 3
+    assert clock.syncs == 1
+
+
+def test_cpu_clock_measures_real_time():
+    out = measure.time_phases([lambda: time.sleep(0.02)], 2, measure.CpuClock())
+    assert all(0.015 < d[0] < 1.0 for d in out)
+    assert isinstance(measure.clock_for("cpu"), measure.CpuClock)
+
+
+def test_run_on_cpu_warms_up_times_and_leaves_cuda_quantities_unmeasured():
+    counter = {"n": 0}
+
+    def step():
+        counter["n"] += 1
+        time.sleep(0.005)
+
+    out = measure.run([step], warmup=2, steps=4, device="cpu")
+    assert counter["n"] == 6
+    for name in ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes"):
+        assert out[name] is None, name
+    assert isinstance(out["host_rss_bytes"], int) and out["host_rss_bytes"] > 10_000_000
+    assert out["step_s_min"] <= out["step_s"] <= out["step_s_max"]
+    assert out["step_s"] >= 0.004
+    assert len(out["phase_s"]) == 1
+
+
+def test_cpu_peaks_are_none_not_zero():
+    # Without a GPU torch.cuda.max_memory_allocated() silently returns 0: never report it.
+    assert measure.cuda_peaks("cpu") == {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
+    measure.reset_cuda_peaks("cpu")  # no-op; the CUDA call would raise AttributeError here
+
+
+def test_rss_bytes_sees_a_large_allocation():
+    before = measure.rss_bytes()
+    block = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
+    assert measure.rss_bytes() - before > 48 * 2**20
+    del block
+
+
+# ---------------------------------------------------------------- NVML and sampling
+
+
+def test_nvml_absent_gives_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    assert nvml.open_device(0) is None
+    assert nvml.used_probe(None) == (None, "")
+    ran = []
+    assert nvml.context_bytes(None, lambda: ran.append(1), lambda: 0) is None
+    assert ran == [1]  # CUDA init runs even when it cannot be measured
+    assert env._nvml_driver() == ""
+
+
+def test_nvml_library_missing_on_this_machine_gives_none():
+    # The real pynvml on a machine without a driver: NVMLError_LibraryNotFound -> None.
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("an NVIDIA driver is present")
+    assert nvml.open_device(0) is None
+
+
+class FakeDevice:
+    def __init__(self, used, process=None):
+        self.used, self.process = list(used), process
+
+    def used_bytes(self):
+        return self.used.pop(0) if len(self.used) > 1 else self.used[0]
+
+    def process_used_bytes(self, pid):
+        return self.process
+
+
+def test_context_bytes_is_the_nvml_delta_minus_what_the_allocator_holds():
+    mib = 2**20
+    dev = FakeDevice([1000 * mib, 1500 * mib])
+    assert nvml.context_bytes(dev, lambda: None, lambda: 2 * mib) == 498 * mib
+    # another process freed memory meanwhile: not measured, not negative, not 0
+    assert nvml.context_bytes(FakeDevice([1000 * mib, 900 * mib]), lambda: None, lambda: 0) is None
+
+
+def test_used_probe_prefers_this_process_else_the_device():
+    probe, source = nvml.used_probe(FakeDevice([7 * 2**30], process=3 * 2**30))
+    assert (probe(), source) == (3 * 2**30, nvml.SOURCE_PROCESS)
+    probe, source = nvml.used_probe(FakeDevice([7 * 2**30], process=None))
+    assert (probe(), source) == (7 * 2**30, nvml.SOURCE_DEVICE)
+
+
+def test_process_used_bytes_matches_our_pid_only(monkeypatch):
+    pynvml = pytest.importorskip("pynvml")
+    procs = [SimpleNamespace(pid=os.getpid() + 1, usedGpuMemory=5 * 2**30),
+             SimpleNamespace(pid=os.getpid(), usedGpuMemory=2 * 2**30)]
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: procs)
+    dev = nvml.NvmlDevice(handle=object(), index=0)
+    assert dev.process_used_bytes(os.getpid()) == 2 * 2**30
+    assert dev.process_used_bytes(12345678) is None  # another pid namespace (containers)
+    procs[1].usedGpuMemory = None  # NVML_VALUE_NOT_AVAILABLE
+    assert dev.process_used_bytes(os.getpid()) is None
+
+
+def test_peak_sampler_keeps_maxima_and_ignores_failures():
+    values = iter([5, 9, 3] + [1] * 10_000)
+
+    def failing():
+        raise RuntimeError("NVML gone")
+
+    with nvml.PeakSampler({"a": lambda: next(values), "zero": lambda: 0, "bad": failing,
+                           "absent": None}, interval_s=0.001) as s:
+        time.sleep(0.05)
+    assert s.peaks == {"a": 9, "zero": None, "bad": None, "absent": None}
+    assert s.samples >= 3
+
+
+# ---------------------------------------------------------------- rates, MFU, weights
+
+
+def test_tokens_per_s_training_and_inference():
+    w = _w(batch=2, seq=32, grad_accum=3)
+    assert measure.rates(w, 0.5, "")["tokens_per_s"] == pytest.approx(2 * 32 * 3 / 0.5)
+    inf = _w(method="inference", batch=2, seq=16, new_tokens=4)
+    assert measure.rates(inf, 0.25, "")["tokens_per_s"] == pytest.approx(2 * (16 + 4) / 0.25)
+
+
+def test_mfu_against_the_gpu_table_dense_peak():
+    w = _w(batch=2, seq=32, grad_accum=2)
+    flops = 2 * training_flops(w).model_flops
+    got = measure.rates(w, 0.01, "h100-80gb")["mfu"]
+    assert got == pytest.approx(flops / 0.01 / (tables.gpu("h100-80gb").bf16_dense_tflops * 1e12))
+    fp32 = _w(precision="fp32")
+    assert measure.peak_flops_per_s(fp32, "a100-80gb") == tables.gpu("a100-80gb").fp32_tflops * 1e12
+    assert measure.rates(w, 0.01, "")["mfu"] is None          # cpu: no table row
+    assert measure.peak_flops_per_s(w, "v100-16gb") is None   # V100 has no bf16 tensor cores
+
+
+def test_inference_flops_are_prefill_plus_each_decode_step():
+    w = _w(method="inference", batch=2, seq=16, new_tokens=4)
+    expected = prefill_flops(w) + sum(decode_flops_per_token(w, 16 + i) for i in (1, 2, 3))
+    assert measure.model_flops_per_step(w) == pytest.approx(expected)
+
+
+def test_inference_split_divides_decode_by_generated_tokens_after_the_first():
+    w = _w(method="inference", seq=16, new_tokens=5)
+    assert measure.inference_split(w, [0.2, 0.8]) == {"prefill_s": 0.2, "decode_token_s": 0.2}
+    one = _w(method="inference", seq=16, new_tokens=1)
+    assert measure.inference_split(one, [0.2]) == {"prefill_s": 0.2, "decode_token_s": None}
+
+
+def test_weights_bytes_counts_tied_storage_once_and_filters_devices():
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleList([emb, head, torch.nn.LayerNorm(4)])
+    assert measure.weights_bytes(model) == (40 + 4 + 4) * 4
+    assert measure.weights_bytes(model, "cpu") == 192
+    assert measure.weights_bytes(model, "cuda:0") is None
+    with torch.device("meta"):
+        assert measure.weights_bytes(torch.nn.Linear(4, 4)) is None
+
+
+# ---------------------------------------------------------------- environment
+
+
+@pytest.mark.parametrize("name,memory,slug", [
+    ("NVIDIA H100 80GB HBM3", 85_520_809_984, "h100-80gb"),
+    ("NVIDIA H100 PCIe", 85_520_809_984, "h100-80gb-pcie"),
+    ("NVIDIA H200", 150_754_820_096, "h200-141gb"),
+    ("NVIDIA A100-SXM4-80GB", 85_097_971_712, "a100-80gb"),
+    ("NVIDIA A100-SXM4-40GB", 42_505_273_344, "a100-40gb"),
+    ("NVIDIA A100-PCIE-40GB", 42_505_273_344, "a100-40gb-pcie"),
+    ("NVIDIA A100 80GB PCIe", 85_097_971_712, "a100-80gb-pcie"),
+    ("NVIDIA A10G", 23_836_033_024, "a10g-24gb"),
+    ("NVIDIA A10", 23_836_033_024, "a10-24gb"),
+    ("NVIDIA L4", 23_580_639_232, "l4-24gb"),
+    ("NVIDIA L40S", 47_697_362_944, "l40s-48gb"),
+    ("NVIDIA GeForce RTX 4090", 25_393_692_672, "rtx4090-24gb"),
+    ("NVIDIA GeForce RTX 3090", 25_438_126_080, "rtx3090-24gb"),
+    ("Tesla V100-SXM2-16GB", 16_945_512_448, "v100-16gb"),
+    ("Tesla V100-SXM2-32GB", 34_089_730_048, "v100-32gb"),
+    ("Tesla T4", 15_828_320_256, "t4-16gb"),
+    ("NVIDIA H100 NVL", 99_857_989_632, ""),              # not in the table: no wrong peak
+    ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10_468_982_784, ""),  # a MIG slice
+    ("NVIDIA L40", 47_697_362_944, ""),
+    ("AMD Instinct MI300X", 205_822_885_888, ""),
+])
+def test_match_gpu_slug(name, memory, slug):
+    assert env.match_gpu_slug(name, memory) == slug
+
+
+def test_match_gpu_slug_without_memory_needs_a_single_candidate():
+    assert env.match_gpu_slug("Tesla T4") == "t4-16gb"
+    assert env.match_gpu_slug("Tesla V100-SXM2-16GB") == ""  # 16 or 32 GB: cannot tell
+
+
+def test_environment_on_cpu_fills_every_environment_column():
+    got = env.environment("cpu")
+    env_columns = [n for n, _ in record._ENV]
+    assert sorted(got) == sorted(env_columns)
+    assert got["torch"] == torch.__version__
+    assert got["transformers"] and got["peft"] and got["hostname"] == socket.gethostname()
+    assert got["gpu_name"]  # the CPU model
+    assert got["gpu_slug"] == "" and got["gpu_memory_bytes"] is None
+    assert env.package_version("no-such-package-xyz") == ""
