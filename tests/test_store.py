@@ -167,13 +167,11 @@ def test_parquet_round_trip_when_pyarrow_is_installed(tmp_path):
     assert got["device_used_bytes"] is None
 
 
-def test_parquet_without_pyarrow_is_a_clear_error(tmp_path):
-    try:
-        import pyarrow  # noqa: F401
-        pytest.skip("pyarrow is installed")
-    except ImportError:
-        pass
+def test_parquet_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
+    import sys
+
     from estimator.errors import EstimatorError
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
     with pytest.raises(EstimatorError, match="pyarrow"):
         RunStore(tmp_path, "parquet")
 
