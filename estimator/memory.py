@@ -1,18 +1,30 @@
 """Per-GPU memory of a Workload as a named breakdown in bytes, and the three peaks.
 
-Phases of a training step (steady state, HF Trainer semantics: gradients set to None after each
-optimizer step):
-- forward/backward: persistent states + saved activations + logits/loss + autocast weight casts
-  (+ gradients already accumulated when grad_accum > 1);
-- optimizer step: persistent states + gradients + optimizer temporaries.
-`peak_allocated_bytes` is persistent + the larger phase. Inference: weights + KV cache + the
-larger of the prefill working set and a decode step.
+Phases of a training step (steady state, HF Trainer semantics: the outputs but the loss are
+dropped before the backward, gradients set to None after each optimizer step). The assembly is
+`peak_allocated_bytes` = persistent states + the larger of two working sets:
+- forward/backward = activations + logits_and_loss + autocast_weight_cache + quant_workspace
+  (+ gradients already accumulated when grad_accum > 1). It is the largest of the moments that
+  bound the forward and backward (`_forward_backward`): the loss in the forward, the loss in the
+  backward (12 B x vocab per token of fp32 gradients), the lm_head's backward (full fine-tune),
+  the first layer the backward reaches (its attention backward; with checkpointing, recomputed).
+  `activations_bytes` is what autograd saved (plus one recomputed layer with checkpointing),
+  `autocast_weight_cache_bytes` the half-precision weight casts alive then, and
+  `logits_and_loss_bytes` the rest of that working set (mostly the loss's logits and gradients).
+- optimizer step = gradients + optimizer_temporaries: what lives beyond the gradients once they
+  are complete. That is the optimizer's temporaries, or, when it is larger and sets the peak, the
+  end of the backward (full fine-tune): the last layer's attention backward while nearly every
+  gradient exists, or the embedding's gradient beside a second one (tied lm_head, accumulation).
+Inference: weights + KV cache + the larger of a prefill layer's working set and the logits.
+Every moment was checked against fake-tensor traces of the real step (profiler.trace;
+tests/test_estimator_vs_trace.py, scripts/bench_tracer.py).
 
 Regimes (DESIGN.md section 3): torch without ZeRO keeps weights, gradients and optimizer states in
 the parameter dtype (AMP: fp32 everywhere; pure bf16: 2+2+4 B); DeepSpeed (ZeRO >= 1) with bf16/fp16
 keeps half weights and gradients plus fp32 master weights and fp32 Adam states, and casts the half
 gradients to an fp32 partition for the update while both are live (2+2+4+4+8 = 20 B before
-partitioning, DeepSpeed's own estimator figure).
+partitioning, DeepSpeed's own estimator figure). A quantized base (QLoRA, LoRA on int8) goes
+through peft's kbit preparation, which upcasts every non-quantized parameter to fp32.
 """
 
 from __future__ import annotations
@@ -113,8 +125,9 @@ def weights_bytes(w: Workload, p: ParamCounts, s: _Sizes) -> float:
     """Base weights on one GPU (adapters excluded).
 
     bitsandbytes replaces nn.Linear modules only: transformers 5 stores MoE experts as fused 3-D
-    parameters, which stay unquantized. Under AMP the model is loaded in fp32 and peft's
-    prepare_model_for_kbit_training upcasts every non-quantized parameter to fp32.
+    parameters, which stay unquantized. Training on a quantized base goes through peft's
+    prepare_model_for_kbit_training, which upcasts every non-quantized parameter (embeddings,
+    norms, lm_head, experts) to fp32 whatever the precision; inference keeps them as loaded.
     """
     base = _base_dtype_bytes(w)
     if w.quant == "none":
@@ -123,7 +136,7 @@ def weights_bytes(w: Workload, p: ParamCounts, s: _Sizes) -> float:
     dense = [lin for lin in p.linears if not lin.expert]
     quantized = sum(lin.weight_params for lin in dense) * frac
     rows = sum(lin.d_out * lin.count for lin in dense) * frac
-    other = 4 if w.amp else 2
+    other = 4 if w.training else base
     return _quantized_linear_bytes(w, quantized, rows) + (s.total - quantized) * other
 
 
@@ -200,8 +213,8 @@ def _optimizer_temporaries(w: Workload, t: _Training, p: ParamCounts) -> float:
     largest = p.largest_layer if w.method == "full" else max(
         (w.lora_rank * max(lin.d_in, lin.d_out) for lin in p.linears
          if lin.role in w.lora_targets and not lin.expert), default=0)
-    if w.optimizer == "adafactor":
-        return 2 * 4 * largest
+    if w.optimizer == "adafactor":  # update and its factored estimate in fp32; half parameters
+        return (2 + (2 if t.param_bytes == 2 else 0)) * 4 * largest   # add fp32 grad and param copies
     if w.optimizer == "sgd" or w.adamw_impl == "fused":
         return 0.0
     if w.adamw_impl == "foreach":
@@ -294,17 +307,191 @@ def _compute_states(w: Workload, p: ParamCounts, s: _Sizes) -> _States:
     return _States(weights, grads + fp32_grad, opt, master, temps, buffers, paged, host)
 
 
-def _activation_bytes(w: Workload, spec: ModelSpec, layers: int) -> float:
-    """Saved activations of one micro-batch on the busiest GPU, plus one layer's backward work."""
-    tokens = w.batch * w.seq
-    per_layer = act.layer_bytes_per_token(spec, w) + act.score_bytes_per_token(spec, w, w.seq)
+def _scale(w: Workload) -> float:
+    """Activations on the busiest GPU per byte computed per token: pipeline stages keep up to pp
+    micro-batches in flight (1F1B); tensor parallel splits them."""
+    return w.batch * w.seq * w.pp / w.tp
+
+
+@dataclass(frozen=True)
+class _PerToken:
+    """Bytes per token of the activation terms (activations.py), computed once per architecture,
+    method, precision, kernel and sequence length."""
+
+    layer: int         # one layer's saved tensors, eager scores included
+    checkpoint: int    # one layer's checkpointed input
+    outside: int       # final norm, lm_head input, ...
+    top: int           # one layer at the peak of its backward
+    logits_saved: int
+    logits_forward: int
+    logits_backward: int
+
+
+_PER_TOKEN_CACHE: dict = {}
+
+
+def _per_token(w: Workload) -> _PerToken:
+    spec = w.model
+    key = (spec, w.method, w.precision, w.attn, w.lora_targets, w.lora_rank, w.quant, w.grad_ckpt, w.seq)
+    hit = _PER_TOKEN_CACHE.get(key)
+    if hit is None:
+        if len(_PER_TOKEN_CACHE) > 4096:
+            _PER_TOKEN_CACHE.clear()
+        layer = act.layer_bytes_per_token(spec, w) + act.score_bytes_per_token(spec, w, w.seq)
+        top = layer - act.mlp_bytes_per_token(spec, w) + act.attention_backward_bytes_per_token(spec, w, w.seq)
+        hit = _PER_TOKEN_CACHE[key] = _PerToken(
+            layer, act.checkpoint_bytes_per_token(spec, w), act.outside_layers_bytes_per_token(spec, w), top,
+            act.logits_saved_per_token(spec, w), act.logits_forward_per_token(spec, w),
+            act.logits_backward_per_token(spec, w))
+    return hit
+
+
+def _layer_saved(w: Workload, spec: ModelSpec) -> int:
+    """Bytes one decoder layer saves for backward per token (eager scores included)."""
+    return _per_token(w).layer
+
+
+def saved_activation_bytes(w: Workload) -> int:
+    """What autograd holds when the backward starts, per GPU (bytes): the layers' saved tensors
+    (with checkpointing, their inputs), the final norm and lm_head input, log_softmax's output and,
+    under autocast, the half-precision weight casts the matmuls saved."""
+    spec, p = w.model, count_params(w.model)
+    s = _local_sizes(w, p)
+    return int(_saved_per_token_total(w, spec, s.layers) * _scale(w) + _weight_casts(w, p, s, saved=True))
+
+
+def _saved_per_token_total(w: Workload, spec: ModelSpec, layers: int) -> int:
+    pt = _per_token(w)
+    return layers * (pt.checkpoint if w.grad_ckpt else pt.layer) + pt.outside + pt.logits_saved
+
+
+def _weight_casts(w: Workload, p: ParamCounts, s: _Sizes, saved: bool) -> float:
+    """Half-precision weight casts alive under autocast (bytes per GPU).
+
+    AMP: every linear weight fed to a matmul (decoder linears and the lm_head; experts run
+    grouped_mm without autocast) is cast once per forward: trainable leaves are cached by autocast
+    until the forward ends, frozen ones (LoRA) are cast at each use, and the matmul saves the cast
+    for its input gradient either way. On a quantized base (QLoRA) only the fp32 lm_head is cast.
+    With checkpointing the layers' casts are not saved (`saved`: alive when the backward starts).
+    """
+    if not (w.amp or (w.training and w.quant != "none")):
+        return 0.0
+    head = (s.head if s.head else s.embed) / (w.dp if w.zero == 3 else 1)
+    if w.quant != "none":
+        return 2 * head
+    layers = 2 * s.linear_w * _dense_fraction(p) / (w.dp if w.zero == 3 else 1)
+    cached = w.method == "full" and not saved    # the cache outlives checkpointed layers' forward
+    if w.grad_ckpt and not cached:
+        layers = 0.0
+    return layers + 2 * head
+
+
+_DENSE_CACHE: dict = {}
+
+
+def _dense_fraction(p: ParamCounts) -> float:
+    """Share of the linear weights outside MoE experts (cached per parameter count object)."""
+    hit = _DENSE_CACHE.get(id(p))
+    if hit is None or hit[0] is not p:
+        dense = sum(lin.weight_params for lin in p.linears if not lin.expert) / max(p.linear_weights, 1)
+        attention = sum(lin.d_in * lin.d_out for lin in p.linears
+                        if lin.role in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        hit = _DENSE_CACHE[id(p)] = (p, dense, attention)
+    return hit[1]
+
+
+def _attention_weights(p: ParamCounts) -> int:
+    """Attention projection weights of the whole model (elements)."""
+    _dense_fraction(p)
+    return _DENSE_CACHE[id(p)][2]
+
+
+@dataclass(frozen=True)
+class _ForwardBackward:
+    """The forward/backward working set at its peak (bytes per GPU, persistent states excluded)."""
+
+    activations: float    # saved activations (plus one recomputed layer with checkpointing)
+    casts: float          # autocast weight casts alive at the peak
+    total: float          # the whole working set at the peak (gradients accumulated excluded)
+
+
+def _forward_backward(w: Workload, p: ParamCounts, s: _Sizes, t: "_Training") -> _ForwardBackward:
+    """The largest of the moments that bound the forward/backward working set (`_moments`)."""
+    pt, k = _per_token(w), _scale(w)
+    acts = (s.layers * (pt.checkpoint if w.grad_ckpt else pt.layer) + pt.outside) * k
+    total, casts = max(_moments(w, p, s, t, acts))
     if w.grad_ckpt:
-        saved = layers * act.checkpoint_bytes_per_token(spec, w) + per_layer
+        acts += pt.layer * k                  # the layer the backward recomputes
+    return _ForwardBackward(acts, casts, total)
+
+
+def _moments(w: Workload, p: ParamCounts, s: _Sizes, t: "_Training", acts: float) -> list:
+    """(working set, weight casts alive) at each candidate moment, bytes per GPU:
+    - forward, at the loss: saved activations + the loss's forward peak (logits, fp32 upcast,
+      log_softmax output) + every autocast weight cast (the cache);
+    - backward, at the loss: saved activations + 12 B x vocab per token of fp32 loss gradients;
+    - backward, at the output layer (full fine-tune): the lm_head's weight gradient while the
+      half-precision logits gradient is alive;
+    - backward, in the first layer it reaches: that layer's attention backward (recomputed with
+      checkpointing), the other layers' saved tensors and the lm_head's gradient (full).
+    """
+    pt, k = _per_token(w), _scale(w)
+    casts_fwd, casts_bwd = _weight_casts(w, p, s, saved=False), _weight_casts(w, p, s, saved=True)
+    moments = [(acts + casts_fwd + pt.logits_forward * k, casts_fwd),
+               (acts + casts_bwd + pt.logits_backward * k, casts_bwd)]
+    head_grad = 0.0
+    if w.method == "full":
+        head_grad = _head_grad_bytes(w, s, t)
+        moments.append((acts + casts_bwd + _output_layer_backward(w, s, t), casts_bwd))
+    below = acts - pt.outside * k                    # the layers' saved tensors
+    if w.grad_ckpt:
+        recompute_casts = (casts_fwd - casts_bwd) / max(s.layers, 1)
+        top = below + pt.top * k + recompute_casts
     else:
-        saved = layers * per_layer
-    saved += act.outside_layers_bytes_per_token(spec, w)
-    in_flight = w.pp  # 1F1B keeps up to pp micro-batches on the first stage
-    return tokens * saved * in_flight / w.tp
+        top = below - pt.layer * k + pt.top * k
+    moments.append((top + casts_bwd + head_grad, casts_bwd))
+    return moments
+
+
+def _head_grad_bytes(w: Workload, s: _Sizes, t: "_Training") -> float:
+    """The lm_head (or tied embedding) weight gradient, in the parameter dtype."""
+    return (s.head if s.head else s.embed) * t.param_bytes
+
+
+def _output_layer_backward(w: Workload, s: _Sizes, t: "_Training") -> float:
+    """Backward through the lm_head: the half logits gradient and the weight gradient it makes
+    (under AMP the half weight gradient and its fp32 cast are both alive for a moment)."""
+    spec, a = w.model, w.activation_dtype_bytes
+    head = s.head if s.head else s.embed
+    logits_grad = a * spec.vocab_size * _scale(w)
+    with_grad = logits_grad + head * a
+    if t.param_bytes != a:
+        with_grad = max(with_grad, head * (a + t.param_bytes))
+    return with_grad
+
+
+def _bottom_layer_backward(w: Workload, p: ParamCounts, s: _Sizes, t: "_Training") -> float:
+    """Beyond the gradients during the last layer the backward reaches (full fine-tune, no ZeRO):
+    that layer's attention backward (`_PerToken.top`) while every gradient exists but
+    its attention's and, untied, the embedding's."""
+    if w.method != "full" or w.zero:
+        return 0.0
+    spec = w.model
+    working = _per_token(w).top * _scale(w)
+    attention = _attention_weights(p) / (w.tp * w.pp)
+    missing = (attention + (0 if spec.tied_embeddings else s.embed)) * t.param_bytes
+    return max(0.0, working - missing)
+
+
+def _end_of_backward(w: Workload, s: _Sizes, t: "_Training") -> float:
+    """Beyond the gradients when the backward ends (full fine-tune, no ZeRO): the embedding's
+    gradient made while a second one is alive, the lm_head's contribution to a tied embedding
+    (summed in place by autograd) or the gradient accumulated from earlier micro-batches."""
+    if w.method != "full" or w.zero:
+        return 0.0
+    spec = w.model
+    copies = int(spec.tied_embeddings) + int(w.grad_accum > 1)
+    return copies * s.embed * t.param_bytes
 
 
 def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, tp: int = 1) -> int:
@@ -326,19 +513,29 @@ def inference_kv_bytes(spec: ModelSpec, batch: int, prompt: int, new_tokens: int
     return max(after_prefill, kv_cache_bytes(spec, batch, prompt + new_tokens, dtype_bytes, tp))
 
 
-def _inference_working_set(w: Workload, spec: ModelSpec) -> float:
-    """Largest transient of the prefill: one layer's MLP or attention scores, plus the logits
-    of the last position (generate asks for one position only)."""
-    a = w.activation_dtype_bytes
-    tokens = w.batch * w.seq
-    width, blocks = act.mlp_width(spec)
-    mlp = 3 * a * width * min(blocks, spec.experts_per_token or 1) * tokens
-    attn = a * (spec.q_dim * 2 + 2 * spec.kv_dim) * tokens
-    if w.attn == "eager":
-        attn += (2 * a + 4) * spec.num_heads * w.seq * tokens
-    residual = (2 * a + 8) * spec.hidden_size * tokens
-    logits = w.batch * spec.vocab_size * (a + 4)
-    return (max(mlp, attn) + residual) / w.tp + logits
+def kv_dtype_bytes(w: Workload) -> int:
+    """Bytes per cached element. Under AMP rotary embeddings come out in fp32 (cos/sin follow the
+    fp32 hidden states), so the cache, created in the key's dtype, holds fp32 keys and values."""
+    spec = w.model
+    rotary = spec.learned_positions == 0 and spec.model_type != "bloom"
+    return 4 if (w.amp and rotary) else w.activation_dtype_bytes
+
+
+def _inference_working_set(w: Workload, spec: ModelSpec, p: ParamCounts) -> float:
+    """Largest transient of the prefill (no_grad) besides the KV cache: the larger of one layer's
+    attention (q, k, v, output; eager: scores while softmax runs, the 4-D mask) and its MLP, with
+    the residual stream, or the last position's logits; under AMP plus the weight cast of the
+    matmul running (not cached without gradients: the lm_head's is the largest)."""
+    dt = act.dtypes(w)
+    a, tokens, h = dt.a, w.batch * w.seq, spec.hidden_size
+    attn = (act.inference_attention_bytes_per_token(spec, w, w.seq)) * tokens
+    mlp = act.inference_mlp_bytes_per_token(spec, w) * tokens
+    residual = act.inference_residual_bytes_per_token(spec, w) * tokens
+    casts = 2 * max(lin.d_in * lin.d_out for lin in p.linears) if w.amp else 0
+    layer = (max(mlp, attn) + residual + casts) / w.tp
+    head = 2 * (p.lm_head or p.embedding) if w.amp else 0
+    logits = (w.batch * spec.vocab_size * a + head + a * h * tokens) / w.tp
+    return max(layer, logits)
 
 
 def _quant_workspace(w: Workload, p: ParamCounts) -> float:
@@ -346,14 +543,6 @@ def _quant_workspace(w: Workload, p: ParamCounts) -> float:
     if w.quant == "none":
         return 0.0
     return 2 * max(lin.d_in * lin.d_out for lin in p.linears) / w.tp
-
-
-def _autocast_cache(w: Workload, p: ParamCounts, s: _Sizes) -> float:
-    """Autocast caches half casts of trainable leaf weights until the forward ends."""
-    if not (w.amp and w.method == "full"):
-        return 0.0
-    head = s.head if s.head else s.embed
-    return 2 * (s.linear_w + head) / (w.dp if w.zero == 3 else 1)
 
 
 def _round_up(n: float, granule: int) -> int:
@@ -367,25 +556,31 @@ def estimate_memory(w: Workload, reserve_fraction: float, context_bytes: int) ->
     s = _local_sizes(w, p)
     st = _states(w, p, s)
     quant_ws = _quant_workspace(w, p)
+    temps = st.temporaries
     if w.training:
-        acts = _activation_bytes(w, spec, s.layers)
-        logits = act.logits_bytes_per_token(spec, w) * w.batch * w.seq / w.tp
-        cache = _autocast_cache(w, p, s)
+        t = _training(w, p, s)
+        fb = _forward_backward(w, p, s, t)
+        acts, cache = fb.activations, fb.casts
+        logits = max(0.0, fb.total - acts - cache - quant_ws)
         kv = 0
         accumulated = st.gradients if w.grad_accum > 1 else 0.0
         fwd_bwd = acts + logits + cache + quant_ws + accumulated
-        step = st.gradients + st.temporaries
+        # once the gradients are (nearly) complete: the optimizer's temporaries, or the end of the
+        # backward when that is larger and sets the peak (see the module docstring)
+        late = max(temps, _end_of_backward(w, s, t), _bottom_layer_backward(w, p, s, t))
+        if st.gradients + late > fwd_bwd:
+            temps = late
+        step = st.gradients + temps
         phase = "forward/backward" if fwd_bwd >= step else "optimizer step"
         transient = max(fwd_bwd, step)
         persistent = st.weights + st.optimizer + st.master + st.zero_buffers
     else:
-        a = w.activation_dtype_bytes
-        acts = _inference_working_set(w, spec)
+        acts = _inference_working_set(w, spec, p)
         logits = 0
         cache = 0
-        kv = inference_kv_bytes(spec, w.batch, w.seq, w.new_tokens, a, w.tp)
+        kv = inference_kv_bytes(spec, w.batch, w.seq, w.new_tokens, kv_dtype_bytes(w), w.tp)
         kv_layer = kv / spec.num_layers  # DynamicCache grows by concatenation: one layer copied
-        transient = acts + quant_ws + kv_layer
+        transient = max(acts, quant_ws) + kv_layer   # a dequantized weight lives only in its matmul
         phase = "prefill"
         persistent = st.weights + kv
     allocated = int(persistent + transient)
@@ -396,7 +591,7 @@ def estimate_memory(w: Workload, reserve_fraction: float, context_bytes: int) ->
         weights_bytes=int(st.weights), gradients_bytes=int(st.gradients),
         optimizer_states_bytes=int(st.optimizer), master_weights_bytes=int(st.master),
         activations_bytes=int(acts), logits_and_loss_bytes=int(logits), kv_cache_bytes=int(kv),
-        optimizer_temporaries_bytes=int(st.temporaries), autocast_weight_cache_bytes=int(cache),
+        optimizer_temporaries_bytes=int(temps), autocast_weight_cache_bytes=int(cache),
         quant_workspace_bytes=int(quant_ws), zero_buffers_bytes=int(st.zero_buffers),
         paged_optimizer_bytes=int(st.paged), cuda_context_bytes=int(context_bytes),
         nccl_buffers_bytes=int(nccl), allocator_reserve_bytes=reserved - allocated,

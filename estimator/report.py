@@ -197,3 +197,45 @@ def _chinchilla(args) -> Result:
             f"parametric fit (approach 3): {opt.params_parametric / 1e9:.2f} B params on "
             f"{opt.tokens_parametric / 1e9:.1f} B tokens\nsource: {opt.source}")
     return Result(data, text)
+
+
+# ---- --trace: the fake-tensor trace beside the analytic estimate ----------------------------------
+
+def trace_request_error(args) -> str | None:
+    """Why --trace cannot apply to these arguments, or None."""
+    if args.fit_gpus or args.max_batch or args.max_seq or args.cheapest or args.chinchilla:
+        return "--trace applies to a single estimate (not --fit-gpus, --max-batch, --max-seq, --cheapest, --chinchilla)"
+    return None
+
+
+def with_trace(result: Result, traced: dict) -> Result:
+    """The estimate with the trace beside it: `traced` is profiler.trace.TraceResult.to_dict()
+    (passed in as a dict: the estimator never imports torch). The comparison uses the raw
+    (uncalibrated) analytic peak_allocated_bytes, the quantity the trace predicts."""
+    analytic = result.data["memory"]["raw"]["peak_allocated_bytes"]
+    measured = traced["peak_allocated_bytes"]
+    comparison = {"analytic_peak_allocated_bytes": analytic,
+                  "error": (analytic - measured) / measured if measured else None}
+    data = {**result.data, "trace": {**traced, **comparison}}
+    return Result(data, result.text + "\n\n" + render_trace(traced, analytic))
+
+
+def render_trace(traced: dict, analytic: int) -> str:
+    measured = traced["peak_allocated_bytes"]
+    layers = ",".join(str(n) for n in traced["layers_traced"])
+    how = (f"{layers} layers traced, extrapolated to {traced['num_layers']}" if traced["extrapolated"]
+           else f"{layers} layers traced")
+    lines = [f"trace (fake tensors on cpu, profiler.trace: {how}; {traced['trace_s']:.1f} s)",
+             f"  {'peak allocated':<28}{_gib(measured)} traced   {_gib(analytic).strip()} analytic (raw)"
+             f"   error {100 * (analytic - measured) / measured:+.1f}%   peak in {traced['peak_phase']}",
+             "  at the peak:    " + _parts(traced["by_category"]),
+             "  by phase:       " + _parts(traced["phases"])]
+    saved = traced.get("saved_activations_bytes")
+    if saved is not None:
+        lines.append(f"  {'saved for backward':<28}{_gib(saved)}")
+    lines += [f"  note: {n}" for n in traced.get("notes", [])]
+    return "\n".join(lines)
+
+
+def _parts(values: dict) -> str:
+    return ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in sorted(values.items(), key=lambda kv: -kv[1]) if v)

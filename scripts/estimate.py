@@ -7,6 +7,7 @@ Examples:
   python scripts/estimate.py --model llama-3.1-8b --method lora --max-batch --gpu a100-80gb
   python scripts/estimate.py --model mistral-7b --method qlora --samples 10000 --epochs 3 --cheapest --deadline-hours 24
   python scripts/estimate.py --chinchilla --gpu a100-80gb --gpus 1 --hours 72
+  python scripts/estimate.py --model llama-3.2-1b --method lora --batch 4 --seq 2048 --trace
 
 Bad input prints one line on stderr and exits 2.
 """
@@ -75,13 +76,38 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hours", type=float, help="with --chinchilla: wall-clock budget")
     p.add_argument("--mfu", type=float, help="with --chinchilla: achieved fraction (default: table)")
     p.add_argument("--json", action="store_true", help="print the result object as JSON")
+    p.add_argument("--trace", action="store_true",
+                   help="also trace the real step on fake tensors (needs torch; profiler.trace) and show it beside")
     return p
+
+
+def _trace(args) -> dict:
+    """profiler.trace on the same Workload (imported here only: the estimator never imports torch)."""
+    scripts = os.path.dirname(os.path.abspath(__file__))  # scripts/profile.py would shadow stdlib profile
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != scripts]
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
+        from profiler.trace import trace
+    except ImportError as exc:
+        raise EstimatorError(f"--trace needs torch and transformers installed ({exc})") from None
+    from estimator.configs import load_config
+
+    try:
+        return trace(report.workload_from_args(args), load_config(args.model)[0]).to_dict()
+    except NotImplementedError as exc:
+        raise EstimatorError(f"--trace: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.trace and report.trace_request_error(args):
+            raise EstimatorError(report.trace_request_error(args))
         result = report.run(args)
+        if args.trace:
+            result = report.with_trace(result, _trace(args))
     except EstimatorError as exc:
         print(f"estimate.py: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,158 @@
+"""The estimator-versus-trace grid: the tracer is the oracle of the analytic estimator.
+
+`grid()` lists the configurations (6 families, one MoE; full, LoRA, QLoRA and inference;
+gradient checkpointing on and off; eager and SDPA; three batch x sequence sizes; bf16 and AMP),
+`compare(case)` traces one and sets the estimator's numbers beside it, `summary(rows)` gives the
+median and worst |error|. `scripts/bench_tracer.py` prints the whole grid;
+`tests/test_estimator_vs_trace.py` checks `TEST_SUBSET`.
+
+Compared quantities (same names on both sides, bytes):
+- peak_allocated_bytes: the estimator's raw prediction (no calibration, reserve 0) against the
+  traced peak (what `torch.cuda.max_memory_allocated()` would report for the step);
+- saved activations (training): what autograd holds when the backward starts, against
+  `estimator.memory.saved_activation_bytes`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from profiler.case import Case
+
+SIZES = ((1, 512), (2, 1024), (4, 2048))            # (micro-batch, sequence)
+PRECISIONS = ("bf16", "amp-bf16")
+NEW_TOKENS = 16
+
+# model, methods traced, attention kernels it supports, precisions it trains in
+_FAMILIES = (
+    ("meta-llama/Llama-3.2-1B", ("full", "lora"), ("sdpa", "eager"), PRECISIONS),
+    ("Qwen/Qwen2.5-0.5B-Instruct", ("full", "lora"), ("sdpa", "eager"), PRECISIONS),
+    ("microsoft/phi-2", ("full", "lora"), ("sdpa", "eager"), PRECISIONS),
+    ("google/gemma-2-2b", ("full", "lora"), ("eager",), PRECISIONS),        # no SDPA in transformers 5
+    ("openai-community/gpt2-medium", ("full",), ("sdpa", "eager"), PRECISIONS),  # fused qkv: no LoRA roles
+    ("Qwen/Qwen1.5-MoE-A2.7B", ("full", "lora"), ("sdpa", "eager"), ("bf16",)),  # grouped_mm needs bf16
+)
+_QLORA = ("meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B-Instruct", "microsoft/phi-2", "google/gemma-2-2b")
+
+
+def _training() -> list[Case]:
+    cases, k = [], 0
+    for model, methods, attns, precisions in _FAMILIES:
+        for method in methods:
+            for ckpt in (False, True):
+                for attn in attns:
+                    batch, seq = SIZES[k % len(SIZES)]
+                    precision = precisions[(k // len(SIZES)) % len(precisions)]
+                    cases.append(Case(model, dict(method=method, precision=precision, batch=batch, seq=seq,
+                                                  grad_ckpt=ckpt, attn=attn), warmup=1, steps=1))
+                    k += 1
+    return cases
+
+
+def _inference() -> list[Case]:
+    cases, k = [], 0
+    for model, _, attns, precisions in _FAMILIES:
+        for attn in attns:
+            for batch, seq in SIZES:
+                precision = precisions[k % len(precisions)]
+                cases.append(Case(model, dict(method="inference", precision=precision, batch=batch, seq=seq,
+                                              new_tokens=NEW_TOKENS, attn=attn), warmup=0, steps=1))
+                k += 1
+    return cases
+
+
+def _qlora() -> list[Case]:
+    cases = []
+    for i, model in enumerate(_QLORA):
+        batch, seq = SIZES[i % len(SIZES)]
+        attn = "eager" if "gemma-2" in model else "sdpa"
+        cases.append(Case(model, dict(method="qlora", quant="nf4", precision=PRECISIONS[i % 2], batch=batch,
+                                      seq=seq, grad_ckpt=bool(i % 2), attn=attn), warmup=1, steps=1))
+    return cases
+
+
+def grid() -> list[Case]:
+    """Every configuration of the grid (training, QLoRA, inference)."""
+    return _training() + _qlora() + _inference()
+
+
+# The subset the test suite checks: every family, every method, both kernels, both precisions,
+# checkpointing on and off, all three sizes.
+TEST_SUBSET = (
+    Case("meta-llama/Llama-3.2-1B", dict(method="full", batch=2, seq=1024, attn="sdpa")),
+    Case("meta-llama/Llama-3.2-1B", dict(method="lora", precision="amp-bf16", batch=1, seq=512, grad_ckpt=True)),
+    Case("meta-llama/Llama-3.2-1B", dict(method="qlora", quant="nf4", batch=1, seq=512)),
+    Case("Qwen/Qwen2.5-0.5B-Instruct", dict(method="full", precision="amp-bf16", batch=4, seq=2048, grad_ckpt=True)),
+    Case("Qwen/Qwen2.5-0.5B-Instruct", dict(method="inference", batch=4, seq=2048, new_tokens=16, attn="eager")),
+    Case("microsoft/phi-2", dict(method="lora", batch=2, seq=1024, attn="eager")),
+    Case("microsoft/phi-2", dict(method="full", precision="amp-bf16", batch=1, seq=512)),
+    Case("google/gemma-2-2b", dict(method="lora", batch=1, seq=512, attn="eager", grad_ckpt=True)),
+    Case("google/gemma-2-2b", dict(method="inference", batch=2, seq=1024, new_tokens=16, attn="eager",
+                                   precision="amp-bf16")),
+    Case("openai-community/gpt2-medium", dict(method="full", batch=4, seq=1024, attn="eager")),
+    Case("Qwen/Qwen1.5-MoE-A2.7B", dict(method="lora", batch=1, seq=512)),
+    Case("Qwen/Qwen1.5-MoE-A2.7B", dict(method="inference", batch=2, seq=1024, new_tokens=16)),
+)
+
+
+@dataclass(frozen=True)
+class GridRow:
+    """One configuration: traced and estimated bytes and the relative error (estimated - traced)
+    / traced, for the peak and (training) the saved activations."""
+
+    configuration: str
+    method: str
+    traced_peak: int
+    estimated_peak: int
+    peak_error: float
+    traced_saved: int | None
+    estimated_saved: int | None
+    saved_error: float | None
+    trace_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def describe(case: Case) -> str:
+    """A short, readable label of a grid configuration."""
+    s = case.settings
+    parts = [case.model.split("/")[-1], s.get("method", "full"), s.get("precision", "bf16"),
+             f"{s.get('batch', 1)}x{s.get('seq', 512)}", s.get("attn", "sdpa")]
+    if s.get("grad_ckpt"):
+        parts.append("ckpt")
+    return " ".join(parts)
+
+
+def compare(case: Case) -> GridRow:
+    """Trace `case` and compare with the raw estimate."""
+    from estimator.memory import estimate_memory, saved_activation_bytes
+    from profiler.trace import trace
+
+    w = case.workload()
+    traced = trace(case)
+    est = estimate_memory(w, 0.0, 0)
+    saved_t = traced.saved_activations_bytes
+    saved_e = saved_activation_bytes(w) if w.training else None
+    return GridRow(
+        configuration=describe(case), method=w.method,
+        traced_peak=traced.peak_allocated_bytes, estimated_peak=est.peak_allocated_bytes,
+        peak_error=_error(est.peak_allocated_bytes, traced.peak_allocated_bytes),
+        traced_saved=saved_t, estimated_saved=saved_e,
+        saved_error=_error(saved_e, saved_t) if saved_t else None, trace_s=traced.trace_s,
+    )
+
+
+def _error(estimated: int, traced: int) -> float:
+    return (estimated - traced) / traced
+
+
+def summary(errors: list[float]) -> dict:
+    """Median and worst |error|, and the share of under-estimates (DESIGN.md section 7)."""
+    errors = [e for e in errors if e is not None]
+    if not errors:
+        return {"n": 0, "median_abs": None, "worst_abs": None, "under_rate": None}
+    absolute = [abs(e) for e in errors]
+    return {"n": len(errors), "median_abs": statistics.median(absolute), "worst_abs": max(absolute),
+            "under_rate": sum(e < 0 for e in errors) / len(errors)}

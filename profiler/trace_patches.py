@@ -1,0 +1,153 @@
+"""What the tracer changes while a step runs on fake cpu tensors, so that the step allocates what
+it allocates on a CUDA GPU. Each adjustment was found by a failing or differing run; all are
+undone when the context exits.
+
+- transformers 5 treats fake tensors as "tracing": `find_packed_sequence_indices` returns a mask
+  instead of None, which makes every model build a full 4-D attention mask (and SDPA lose its
+  `is_causal` fast path). Our batches are unpadded, unpacked sequences: it returns None, as it
+  does on a GPU.
+- Dropout: `at::dropout` on CUDA runs the fused `native_dropout`, which saves a 1-byte bool mask;
+  on CPU it saves a mask in the input dtype (2-4 B). Training dropout runs `native_dropout` here.
+- SDPA with `dropout_p > 0`: CUDA flash/efficient kernels keep only an RNG seed and offset; the CPU
+  flash kernel refuses dropout and falls back to the math path (T x T scores). The trace calls it
+  with `dropout_p=0`, which saves the same tensors as CUDA flash (minus two 8-byte RNG tensors).
+- Autocast: CUDA runs the ops of its fp32 list (pow, exp, rsqrt, layer_norm, ...) in fp32 and gives
+  softmax/log_softmax/sum/cumsum an fp32 result; CPU autocast has no such rule for them. Python
+  kernels at the AutocastCPU key apply CUDA's policy (ATen autocast_mode.h, AT_FORALL_FP32 and
+  AT_FORALL_FP32_SET_OPT_DTYPE).
+
+`kv_cache_tagging` is not an adjustment: it lets the tracker file the KV cache apart.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+
+import torch
+
+# CUDA autocast fp32 ops that CPU autocast leaves alone (checked with
+# torch._C._dispatch_has_kernel_for_dispatch_key on torch 2.13).
+_FP32_OPS = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+             "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
+             "softplus", "layer_norm", "native_layer_norm", "rms_norm", "group_norm", "logsumexp")
+# CUDA autocast gives these an fp32 result (dtype=float32) unless the caller passes a dtype.
+_FP32_DTYPE_OPS = ("softmax.int", "log_softmax.int", "cumsum", "cumprod", "sum", "sum.dim_IntList")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@contextmanager
+def tracing_patches():
+    """All adjustments together, for the duration of a traced step."""
+    with ExitStack() as stack:
+        stack.enter_context(_unpacked_sequences())
+        stack.enter_context(_cuda_dropout())
+        stack.enter_context(_cuda_autocast_policy())
+        yield
+
+
+@contextmanager
+def _patched(obj, name: str, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield old
+    finally:
+        setattr(obj, name, old)
+
+
+@contextmanager
+def _unpacked_sequences():
+    """Unpadded, unpacked batches: no packed-sequence mask, SDPA keeps is_causal."""
+    import transformers.masking_utils as masking
+
+    with _patched(masking, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
+
+
+@contextmanager
+def _cuda_dropout():
+    """Training dropout as CUDA runs it (native_dropout: bool mask); SDPA without dropout."""
+    import torch.nn.functional as F
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return input
+        out = torch.native_dropout(input, p, True)[0]
+        return input.copy_(out) if inplace else out
+
+    sdpa = F.scaled_dot_product_attention
+
+    def sdpa_without_dropout(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        return sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
+    with _patched(F, "dropout", dropout), _patched(F, "scaled_dot_product_attention", sdpa_without_dropout):
+        yield
+
+
+def _fp32_kernel(op):
+    """AutocastCPU kernel of a CUDA fp32-list op: half inputs cast to fp32, then the op."""
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+            args = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _HALF else a for a in args]
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _fp32_dtype_kernel(op, dtype_pos: int):
+    """AutocastCPU kernel of a CUDA fp32-result op: dtype=float32 for half inputs unless given."""
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+            given = kwargs.get("dtype", args[dtype_pos] if len(args) > dtype_pos else None)
+            if given is None and args[0].dtype in _HALF:
+                if len(args) > dtype_pos:
+                    args = list(args[:dtype_pos]) + [torch.float32] + list(args[dtype_pos + 1:])
+                else:
+                    kwargs["dtype"] = torch.float32
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _dtype_position(op) -> int:
+    names = [a.name for a in op._schema.arguments]
+    return names.index("dtype")
+
+
+@contextmanager
+def _cuda_autocast_policy():
+    """Register the kernels above at the AutocastCPU key; removed on exit."""
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        for name in _FP32_OPS:
+            lib.impl(name, _fp32_kernel(_overload(name)), "AutocastCPU")
+        for name in _FP32_DTYPE_OPS:
+            op = _overload(name)
+            lib.impl(name, _fp32_dtype_kernel(op, _dtype_position(op)), "AutocastCPU")
+        yield
+    finally:
+        lib._destroy()
+
+
+def _overload(name: str):
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+@contextmanager
+def kv_cache_tagging():
+    """While active, every KV-cache update recategorises the layer's cached keys and values as
+    `kv_cache` in each tracker appended to the yielded list (transformers' `Cache.update`)."""
+    from transformers import cache_utils
+
+    trackers: list = []
+    original = cache_utils.Cache.update
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
+        layer = self.layers[layer_idx]
+        for tracker in trackers:
+            tracker.track(getattr(layer, "keys", None), "kv_cache")
+            tracker.track(getattr(layer, "values", None), "kv_cache")
+        return out
+
+    with _patched(cache_utils.Cache, "update", update):
+        yield trackers

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""The estimator-versus-trace grid and the tracer's speed on a 7B-class model.
+
+    python scripts/bench_tracer.py            # the whole grid (a few minutes on 2 cores), then 7B
+    python scripts/bench_tracer.py --subset   # the configurations the test suite checks
+    python scripts/bench_tracer.py --json     # rows and summaries as JSON
+
+For every configuration: the traced peak_allocated_bytes (profiler.trace, fake tensors, layer
+extrapolation), the raw estimate (estimator.memory, no calibration), their relative error, and the
+same for the activations autograd saves for the backward (training). Then one 7B-class training
+step traced in a fresh process: trace seconds, process wall seconds and peak resident memory
+(targets: under 10 s and 2 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# scripts/profile.py would shadow the standard library's `profile` (cProfile, which torch._dynamo
+# imports): the scripts folder leaves the import path, the repository root takes its place.
+sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "scripts")]
+
+from profiler.trace_grid import TEST_SUBSET, compare, grid, summary  # noqa: E402
+
+MiB = 2**20
+SEVEN_B = ("mistralai/Mistral-7B-v0.1", {"method": "full", "batch": 1, "seq": 2048})
+_CHILD = """
+import json, sys, time
+start = time.perf_counter()
+from profiler.case import Case
+from profiler.trace import trace
+r = trace(Case(sys.argv[1], json.loads(sys.argv[2])))
+print(json.dumps({"trace_s": r.trace_s, "process_s": time.perf_counter() - start, "rss_bytes": r.rss_bytes,
+                  "peak_allocated_bytes": r.peak_allocated_bytes, "layers_traced": r.layers_traced}))
+"""
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{100 * x:+7.2f}%"
+
+
+def _mib(x: int | None) -> str:
+    return "" if x is None else f"{x / MiB:10.0f}"
+
+
+def run_grid(cases) -> list:
+    rows = []
+    print(f"{'configuration':<58}{'traced MiB':>11}{'est MiB':>10}{'error':>9}  "
+          f"{'saved MiB':>10}{'est MiB':>10}{'error':>9}{'trace s':>9}", flush=True)
+    for case in cases:
+        r = compare(case)
+        rows.append(r)
+        print(f"{r.configuration:<58}{_mib(r.traced_peak):>11}{_mib(r.estimated_peak):>10}{_pct(r.peak_error):>9}  "
+              f"{_mib(r.traced_saved):>10}{_mib(r.estimated_saved):>10}{_pct(r.saved_error):>9}{r.trace_s:>9.1f}",
+              flush=True)
+    return rows
+
+
+def seven_b() -> dict:
+    """Trace a 7B-class training step in a fresh Python process (imports included in process_s)."""
+    model, settings = SEVEN_B
+    out = subprocess.run([sys.executable, "-c", _CHILD, model, json.dumps(settings)], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    data.update(model=model, settings=settings)
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Estimator vs fake-tensor trace, and the tracer's speed.")
+    p.add_argument("--subset", action="store_true", help="only the configurations the tests check")
+    p.add_argument("--no-7b", action="store_true", help="skip the 7B timing")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    args = p.parse_args(argv)
+    cases = list(TEST_SUBSET) if args.subset else grid()
+    start = time.perf_counter()
+    if args.json:
+        import contextlib
+        import io
+        with contextlib.redirect_stdout(io.StringIO()):
+            rows = run_grid(cases)
+    else:
+        rows = run_grid(cases)
+    peak = summary([r.peak_error for r in rows])
+    saved = summary([r.saved_error for r in rows if r.saved_error is not None])
+    result = {"configurations": len(rows), "grid_s": time.perf_counter() - start,
+              "peak_allocated": peak, "saved_activations": saved, "rows": [r.to_dict() for r in rows]}
+    if not args.no_7b:
+        result["seven_b"] = seven_b()
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print()
+    for name, s in (("peak_allocated_bytes", peak), ("saved activations", saved)):
+        print(f"{name:<22} n={s['n']:<4} median |error| {100 * s['median_abs']:.2f}%   worst {100 * s['worst_abs']:.2f}%"
+              f"   under-estimates {100 * s['under_rate']:.0f}%")
+    print(f"grid traced in {result['grid_s']:.0f} s")
+    if "seven_b" in result:
+        b = result["seven_b"]
+        print(f"7B-class trace ({b['model']}, {b['settings']}): trace {b['trace_s']:.1f} s, process "
+              f"{b['process_s']:.1f} s with imports, peak RSS {b['rss_bytes'] / 2**30:.2f} GiB, "
+              f"layers traced {b['layers_traced']}, peak {b['peak_allocated_bytes'] / 2**30:.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
