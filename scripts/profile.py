@@ -10,7 +10,8 @@ Examples:
 
 Each configuration runs in its own process (profiler/runner.py); rows go atomically to
 <run>/results.csv (profiler/store.py); then predicted vs measured goes to <run>/compare.* and
-<run>/parity.png (profiler/compare.py). Without a CUDA GPU the embedded CPU sweep runs instead.
+<run>/parity.png (profiler/compare.py). Without a CUDA GPU the default sweep is traced
+on the CPU instead (fake tensors: traced peak_allocated_bytes against the estimator).
 
 Exit codes: 0 done (oom and error rows are results); 1 every configuration run this time ended in
 an error (e.g. the child cannot start); 2 bad input (one line on stderr, no traceback).
@@ -28,7 +29,11 @@ import socket
 import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# This file's folder would shadow the standard library's `profile` (imported by cProfile, which
+# torch._dynamo imports): replace it on the path by the repository root.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
 
 from estimator.errors import EstimatorError  # noqa: E402
 from profiler import runner as runner_mod  # noqa: E402
@@ -52,7 +57,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(description="Measure LLM configurations on this machine and compare with the estimator.")
     p.add_argument("sweep", nargs="?", help="sweep file (.yaml/.json); default: profiler/sweeps/default.yaml "
-                                            "on a GPU, profiler/sweeps/cpu-tiny.yaml without one")
+                                            "(traced on the CPU without a GPU); profiler/sweeps/cpu-tiny.yaml with --backend cpu")
     p.add_argument("--run", help="run folder (resume: finished configurations are skipped); "
                                  "default runs/<gpu-or-cpu>-<UTC time>")
     p.add_argument("--force", action="store_true", help="run finished configurations again (rows replaced)")
@@ -150,9 +155,11 @@ def _resolve_backend(args, explicit_sweep: bool) -> tuple[str, runner_mod.GpuInf
     if args.backend == "cuda":
         raise EstimatorError("--backend cuda: no CUDA GPU found (torch.cuda.is_available() is False)")
     if explicit_sweep:
-        return "cpu", None, "no CUDA GPU found: running on the cpu backend (time only, no device memory)"
-    return "cpu", None, (f"no CUDA GPU found: running the embedded CPU sweep "
-                         f"{sweep_mod.CPU_SWEEP.relative_to(sweep_mod.ROOT)} on the cpu backend instead")
+        return "trace", None, ("no CUDA GPU found: tracing on the CPU instead (fake tensors: traced "
+                               "peak_allocated_bytes; no time, reserved or device memory)")
+    return "trace", None, (f"no CUDA GPU found: tracing the default sweep "
+                           f"{sweep_mod.DEFAULT_SWEEP.relative_to(sweep_mod.ROOT)} on the CPU instead "
+                           "(fake tensors: traced peak_allocated_bytes against the estimator)")
 
 
 def _gpu_slug(args, gpu: runner_mod.GpuInfo | None) -> str | None:
@@ -273,7 +280,7 @@ def _plan(args):
     if note:
         print(note, file=sys.stderr)
     if sweep is None:
-        sweep = sweep_mod.load_sweep(sweep_mod.DEFAULT_SWEEP if backend == "cuda" else sweep_mod.CPU_SWEEP)
+        sweep = sweep_mod.load_sweep(sweep_mod.DEFAULT_SWEEP if backend in ("cuda", "trace") else sweep_mod.CPU_SWEEP)
         expansion = sweep_mod.expand(sweep)
     slug = _gpu_slug(args, gpu)
     if gpu and not slug:

@@ -1,5 +1,5 @@
-"""scripts/profile.py: one-line errors with exit 2 for bad input; the no-GPU path runs the embedded
-CPU sweep and says so in one line; a sweep killed between configurations keeps what it finished
+"""scripts/profile.py: one-line errors with exit 2 for bad input; the no-GPU path traces the default
+sweep and says so in one line; a sweep killed between configurations keeps what it finished
 and resumes with only the rest; --force, --retry-errors and --limit. Children are stand-ins
 (PROFILER_CHILD_CMD), so no model is built here."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import profiler.runner
-from profiler.sweep import CPU_SWEEP, expand, load_sweep
+from profiler.sweep import CPU_SWEEP, DEFAULT_SWEEP, expand, load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "profile.py"
@@ -129,13 +129,27 @@ def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):
 
 # ---- no GPU --------------------------------------------------------------------------------------
 
-def test_without_a_gpu_the_embedded_cpu_sweep_runs(tmp_path, capsys, stand_in, monkeypatch):
+def test_without_a_gpu_the_default_sweep_is_traced(tmp_path, capsys, stand_in, monkeypatch):
     monkeypatch.setattr(profiler.runner, "detect_gpu", lambda *a, **k: None)
     run = tmp_path / "run"
-    code, out, err = run_cli(capsys, "--run", str(run), "--no-progress")
+    code, out, err = run_cli(capsys, "--run", str(run), "--no-progress", "--limit", "3")
     assert code == 0, err
     notes = [line for line in err.splitlines() if "CUDA" in line]
-    assert len(notes) == 1 and notes[0].startswith("no CUDA GPU found") and "cpu-tiny.yaml" in notes[0]
+    assert len(notes) == 1 and notes[0].startswith("no CUDA GPU found") and "default.yaml" in notes[0]
+    rows = result_rows(run)
+    expected = [c.id for c in expand(load_sweep(DEFAULT_SWEEP)).cases]
+    assert [r["id"] for r in rows] == expected[:3]
+    assert {r["backend"] for r in rows} == {"trace"}
+    assert (run / "sweep.yaml").read_text() == DEFAULT_SWEEP.read_text()
+    invocation = json.loads((run / "run.json").read_text())["invocations"][0]
+    assert invocation["backend"] == "trace"
+
+
+def test_backend_cpu_runs_the_embedded_cpu_sweep(tmp_path, capsys, stand_in, monkeypatch):
+    monkeypatch.setattr(profiler.runner, "detect_gpu", lambda *a, **k: None)
+    run = tmp_path / "run"
+    code, out, err = run_cli(capsys, "--backend", "cpu", "--run", str(run), "--no-progress")
+    assert code == 0, err
     rows = result_rows(run)
     expected = expand(load_sweep(CPU_SWEEP)).cases
     assert sorted(r["id"] for r in rows) == sorted(c.id for c in expected)
@@ -144,7 +158,7 @@ def test_without_a_gpu_the_embedded_cpu_sweep_runs(tmp_path, capsys, stand_in, m
     assert (run / "sweep.yaml").read_text() == (ROOT / "profiler" / "sweeps" / "cpu-tiny.yaml").read_text()
     assert (run / "parity.png").read_bytes()[:4] == b"\x89PNG"
     invocation = json.loads((run / "run.json").read_text())["invocations"][0]
-    assert invocation["backend"] == "cpu" and invocation["argv"] == ["--run", str(run), "--no-progress"]
+    assert invocation["backend"] == "cpu" and invocation["argv"] == ["--backend", "cpu", "--run", str(run), "--no-progress"]
     assert invocation["finished_at"] and invocation["environment"]["packages"]["torch"]
     assert "not measured" in out and "%" not in out.split("quantity")[1].splitlines()[1]  # nothing compared
 
