@@ -104,6 +104,22 @@ def advice(result: Estimate, calibration: str) -> list[str]:
     return out
 
 
+def _calibration_lines(result: Estimate) -> list[str]:
+    """The table's extra bytes (so components add up), its safe upper bound and its warnings."""
+    lines = []
+    for key in ("allocated_constant_bytes", "non_pytorch_bytes"):
+        value = result.corrections.get(key, {}).get("value")
+        if value:
+            lines.append(f"  {key[:-6]:<28}{_gib(value)}   (calibrated)")
+    bound = result.upper_bound
+    if bound:
+        note = "" if bound["within_data_range"] else "; workload outside the table's data: coverage not measured"
+        lines.append(f"  safe upper bound of device used: {_gib(bound['device_used_bytes']).strip()}"
+                     f" (covered {bound['coverage']:.0%} of held-out measurements{note})")
+    lines += [f"  warning: {text}" for text in result.warnings]
+    return lines
+
+
 def render_estimate(result: Estimate, tips: list[str]) -> str:
     m, w, t = result.memory, result.workload, result.time
     lines = [f"{w.model.name}  {w.method}  {w.precision}  batch {w.batch} x seq {w.seq}"
@@ -134,6 +150,7 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
                      f"   ${j.cost_usd:,.2f} at ${j.usd_per_gpu_hour:.2f}/GPU-h")
     cal = result.calibration.path or "none (uncalibrated defaults)"
     lines.append(f"calibration: {cal}")
+    lines += _calibration_lines(result)
     if tips:
         lines.append("would fit with: " + "; ".join(tips))
     elif not result.fits:

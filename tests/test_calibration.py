@@ -315,3 +315,17 @@ def test_cli_json_and_text_with_a_table(table_file, capsys):
     assert data["calibration"]["upper_bound"]["device_used_bytes"] >= data["memory"]["device_used_bytes"]
     assert _cli(args) == 0
     assert "calibration:" in capsys.readouterr().out
+
+
+def test_cli_text_shows_the_upper_bound_warnings_and_calibrated_extras(table_file, capsys):
+    # 70B is far outside the table's 1B-9B range: the bound says its coverage was not measured
+    args = ["--model", "llama-3.1-70b", "--method", "qlora", "--batch", "1", "--seq", "1024", "--gpu", GPU,
+            "--calibration", str(table_file)]
+    assert _cli(args + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    bound_gib = data["calibration"]["upper_bound"]["device_used_bytes"] / GiB
+    assert _cli(args) == 0
+    out = capsys.readouterr().out
+    assert f"safe upper bound of device used: {bound_gib:.2f} GiB" in out
+    assert "covered 93% of held-out measurements; workload outside the table's data" in out
+    assert "warning:" in out and "non_pytorch" in out and "allocated_constant" in out
