@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from estimator import tables
-from estimator.calibration import NONE, Calibration, apply_memory, resolve
+from estimator.calibration import NONE, Calibration, apply_memory, installed_versions, resolve
 from estimator.defaults import overhead
 from estimator.memory import MemoryBreakdown, estimate_memory, lora_params
 from estimator.params import count_params
@@ -183,7 +183,8 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
             corrections["decode_bandwidth_fraction"] = {"value": cal_bw, "from": bw_src}
             time = inference_time(w, gpu, cal_mfu, cal_bw, memory)
             raw_time = inference_time(w, gpu, mfu, bw, raw)
-        warnings = cal.warnings + tuple(cal.range_warnings(w, p.total))
+        warnings = (cal.warnings + tuple(cal.range_warnings(w, p.total))
+                    + tuple(cal.version_warnings(installed_versions())))
     cost = None
     if job is not None:
         price = tables.price(gpu.slug, job.price_path, job.provider)

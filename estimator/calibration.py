@@ -35,6 +35,7 @@ saying to refit. A table of another GPU given by path lends only its device-inde
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -226,12 +227,34 @@ class Calibration:
         out = []
         for lib, value in sorted(versions.items()):
             seen = self.versions.get(lib)
-            if value and seen and str(value) not in [str(v) for v in seen]:
+            # a local build tag (+cpu, +cu130) names the build, not the library's behaviour
+            if value and seen and _public(value) not in [_public(v) for v in seen]:
                 out.append(f"calibration fitted with {lib} {', '.join(map(str, seen))}; this run has {value}")
         return out
 
 
 NONE = Calibration(path=None, gpu=None)
+
+
+def _public(version) -> str:
+    """A version without its local build tag: '2.13.0+cpu' -> '2.13.0'."""
+    return str(version).split("+", 1)[0]
+_LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed")
+
+
+@lru_cache(maxsize=1)
+def installed_versions() -> dict:
+    """{library: version} of the libraries installed here, read from package metadata (no
+    import: the estimator never imports torch); missing libraries are left out."""
+    from importlib import metadata
+
+    out = {}
+    for lib in _LIBRARIES:
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
 
 
 def apply_memory(raw: MemoryBreakdown, w: Workload, cal: Calibration) -> tuple[MemoryBreakdown, dict]:

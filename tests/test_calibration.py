@@ -329,3 +329,18 @@ def test_cli_text_shows_the_upper_bound_warnings_and_calibrated_extras(table_fil
     assert f"safe upper bound of device used: {bound_gib:.2f} GiB" in out
     assert "covered 93% of held-out measurements; workload outside the table's data" in out
     assert "warning:" in out and "non_pytorch" in out and "allocated_constant" in out
+
+
+def test_a_table_fitted_on_other_library_versions_is_flagged(table_file, llama):
+    from estimator.calibration import installed_versions
+
+    here = installed_versions()
+    assert here.get("transformers"), "transformers is a dependency: its version must be found"
+    w = Workload(model=llama, method="lora", batch=2, seq=1024).validate()
+    same = dict(table(), versions={lib: [v] for lib, v in here.items()})
+    table_file.write_text(json.dumps(same))
+    assert not [t for t in estimate(w, GPU, str(table_file)).warnings if "fitted with" in t]
+    other = dict(table(), versions={"transformers": ["4.0.0"]})
+    table_file.write_text(json.dumps(other))
+    flagged = [t for t in estimate(w, GPU, str(table_file)).warnings if "fitted with" in t]
+    assert flagged == [f"calibration fitted with transformers 4.0.0; this run has {here['transformers']}"]
