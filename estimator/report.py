@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 
 from estimator import planner, tables
@@ -15,6 +17,14 @@ from estimator.errors import EstimatorError
 from estimator.params import ALL_LINEAR
 from estimator.units import GiB
 from estimator.workload import Workload
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse for our command lines: a usage error is one line on stderr and exit code 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 @dataclass(frozen=True)

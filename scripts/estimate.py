@@ -23,16 +23,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from estimator.errors import EstimatorError  # noqa: E402
 from estimator import report  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, no usage dump
-        print(f"estimate.py: error: {message}", file=sys.stderr)
-        sys.exit(2)
+from estimator.report import OneLineParser  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(description="Predict GPU memory, time and cost of an LLM job.")
+    p = OneLineParser(prog="estimate.py", description="Predict GPU memory, time and cost of an LLM job.")
     p.add_argument("--model", help="config.json path, catalog name (llama-3.1-8b) or Hub id")
     p.add_argument("--method", choices=["full", "lora", "qlora", "inference"], default="full")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "amp-fp16", "amp-bf16"], default="bf16")

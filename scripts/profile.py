@@ -36,6 +36,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
 from estimator.errors import EstimatorError  # noqa: E402
+from estimator.report import OneLineParser  # noqa: E402
 from profiler import runner as runner_mod  # noqa: E402
 from profiler import sweep as sweep_mod  # noqa: E402
 from profiler.case import Case  # noqa: E402
@@ -48,14 +49,8 @@ _CASE_FLAGS = ("method", "precision", "optimizer", "adamw_impl", "batch", "seq",
                "lora_rank", "lora_targets", "quant", "attn", "zero", "offload")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, no usage dump
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(description="Measure LLM configurations on this machine and compare with the estimator.")
+    p = OneLineParser(prog="profile.py", description="Measure LLM configurations on this machine and compare with the estimator.")
     p.add_argument("sweep", nargs="?", help="sweep file (.yaml/.json); default: profiler/sweeps/default.yaml "
                                             "(traced on the CPU without a GPU); profiler/sweeps/cpu-tiny.yaml with --backend cpu")
     p.add_argument("--run", help="run folder (resume: finished configurations are skipped); "

@@ -297,12 +297,9 @@ def test_resolve_accepts_a_calibration_object():
 
 
 def _cli(argv):
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("estimate_cli", Path(__file__).parents[1] / "scripts" / "estimate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(argv)
+    from tests.scripts_loader import load_script
+
+    return load_script("estimate").main(argv)
 
 
 def test_cli_json_and_text_with_a_table(table_file, capsys):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts_loader import load_script
+
 from estimator import tables
 from estimator.api import estimate
 from estimator.configs import load_spec
@@ -25,14 +27,7 @@ SCRIPT = ROOT / "scripts" / "estimate.py"
 TINY = Path(__file__).with_name("data") / "tiny-llama.json"
 
 
-def _load_cli():
-    spec = importlib.util.spec_from_file_location("estimate_cli_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CLI = _load_cli()
+CLI = load_script("estimate")
 
 
 def run_cli(capsys, *argv):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts_loader import load_script
+
 import profiler.runner
 from profiler.sweep import CPU_SWEEP, DEFAULT_SWEEP, expand, load_sweep
 
@@ -24,14 +26,7 @@ SCRIPT = ROOT / "scripts" / "profile.py"
 TINY = ROOT / "tests" / "data" / "tiny-llama.json"
 
 
-def _load_cli():
-    spec = importlib.util.spec_from_file_location("profile_cli_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CLI = _load_cli()
+CLI = load_script("profile")
 
 STAND_IN = textwrap.dedent("""
     import argparse, json, os, signal, sys
