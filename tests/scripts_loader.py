@@ -12,3 +12,13 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def call_main(module, capsys, *argv) -> tuple:
+    """(exit code, stdout, stderr) of `module.main(argv)`; argparse errors raise SystemExit."""
+    try:
+        code = module.main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err

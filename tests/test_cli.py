@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts_loader import load_script
+from tests.scripts_loader import call_main, load_script
 
 from estimator import tables
 from estimator.api import estimate
@@ -31,13 +31,7 @@ CLI = load_script("estimate")
 
 
 def run_cli(capsys, *argv):
-    """(exit code, stdout, stderr) of main(argv); argparse errors raise SystemExit."""
-    try:
-        code = CLI.main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return call_main(CLI, capsys, *argv)
 
 
 def run_json(capsys, *argv):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts_loader import load_script
+from tests.scripts_loader import call_main, load_script
 
 import profiler.runner
 from profiler.sweep import CPU_SWEEP, DEFAULT_SWEEP, expand, load_sweep
@@ -63,12 +63,7 @@ def calls_of(path: Path) -> list[int]:
 
 
 def run_cli(capsys, *argv):
-    try:
-        code = CLI.main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return call_main(CLI, capsys, *argv)
 
 
 def sweep_file(tmp_path: Path, batches=(1, 2, 3, 4)) -> Path:
