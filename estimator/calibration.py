@@ -44,15 +44,14 @@ from pathlib import Path
 from estimator import tables
 from estimator.defaults import overhead
 from estimator.errors import EstimatorError
-from estimator.memory import MemoryBreakdown
+from estimator.units import GiB
+from estimator.memory import MemoryBreakdown, round_up
 from estimator.workload import Workload
 
 SCHEMA = "gpu-budget-calibration/2"
 OLD_SCHEMAS = ("gpu-budget-calibration/1",)
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "calibrations"
 TRACE_GPU = "trace"  # tables fitted on fake-tensor traces: device-independent factors only
-_ALLOC_GRANULE = 2 * 2**20  # the caching allocator reserves in 2 MiB blocks
-GiB = 2**30
 
 # name -> (kind, low, high); kind: int | num | map (key -> num) | reserve
 _FACTORS = {
@@ -82,10 +81,6 @@ def size_bucket(params: float) -> str:
         if params < edge:
             return label
     return SIZE_BUCKETS[-1][1]
-
-
-def round_up(n: float, granule: int = _ALLOC_GRANULE) -> int:
-    return int(math.ceil(n / granule) * granule)
 
 
 @dataclass(frozen=True)
@@ -122,25 +117,23 @@ class Calibration:
         return cls(path, table_gpu, factors, data.get("cv_error", {}), data.get("versions", {}),
                    data, tuple(warnings), foreign)
 
+    def _scalar(self, name: str, default, cast):
+        """(value, source) of a one-number factor: the table's, else `default` (cast either way)."""
+        if name in self.factors:
+            return cast(self.factors[name]), "calibration"
+        return cast(default), "default"
+
     def context_bytes(self) -> tuple[int, str]:
-        if "cuda_context_bytes" in self.factors:
-            return int(self.factors["cuda_context_bytes"]), "calibration"
-        return int(overhead("cuda_context_bytes")), "default"
+        return self._scalar("cuda_context_bytes", overhead("cuda_context_bytes"), int)
 
     def nccl_bytes(self) -> tuple[int, str]:
-        if "nccl_buffers_bytes" in self.factors:
-            return int(self.factors["nccl_buffers_bytes"]), "calibration"
-        return int(overhead("nccl_buffers_bytes")), "default"
+        return self._scalar("nccl_buffers_bytes", overhead("nccl_buffers_bytes"), int)
 
     def non_pytorch_bytes(self) -> tuple[int, str]:
-        if "non_pytorch_bytes" in self.factors:
-            return int(self.factors["non_pytorch_bytes"]), "calibration"
-        return 0, "default"
+        return self._scalar("non_pytorch_bytes", 0, int)
 
     def allocated_constant_bytes(self) -> tuple[int, str]:
-        if "allocated_constant_bytes" in self.factors:
-            return int(self.factors["allocated_constant_bytes"]), "calibration"
-        return 0, "default"
+        return self._scalar("allocated_constant_bytes", 0, int)
 
     def reserve(self, method: str) -> tuple[float, int, str]:
         """(fraction, bytes, source): reserved = allocated x (1 + fraction) + bytes."""
@@ -164,14 +157,10 @@ class Calibration:
         return 1.0, "default"
 
     def logits_scale(self) -> tuple[float, str]:
-        if "logits_scale" in self.factors:
-            return float(self.factors["logits_scale"]), "calibration"
-        return 1.0, "default"
+        return self._scalar("logits_scale", 1.0, float)
 
     def temporaries_scale(self) -> tuple[float, str]:
-        if "optimizer_temporaries_scale" in self.factors:
-            return float(self.factors["optimizer_temporaries_scale"]), "calibration"
-        return 1.0, "default"
+        return self._scalar("optimizer_temporaries_scale", 1.0, float)
 
     def mfu(self, method: str, gpu_slug: str, params_active: float | None = None) -> tuple[float, str]:
         """Lookup order: "method|size bucket", "method", then estimator/data/mfu.csv."""
@@ -184,8 +173,8 @@ class Calibration:
         return tables.mfu_default(key, gpu_slug).mfu, "default"
 
     def decode_bandwidth_fraction(self, gpu_slug: str) -> tuple[float, str]:
-        if "decode_bandwidth_fraction" in self.factors:
-            return float(self.factors["decode_bandwidth_fraction"]), "calibration"
+        if "decode_bandwidth_fraction" in self.factors:  # the table lookup only when needed
+            return self._scalar("decode_bandwidth_fraction", None, float)
         return tables.mfu_default("decode-bandwidth", gpu_slug).mfu, "default"
 
     def upper_bound(self, quantity: str = "device_used_bytes") -> dict | None:

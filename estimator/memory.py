@@ -36,9 +36,10 @@ from estimator import activations as act
 from estimator.defaults import overhead
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
+from estimator.units import MiB
 from estimator.workload import Workload
 
-_ALLOC_GRANULE = 2 * 2**20  # the caching allocator reserves in 2 MiB blocks (large segments)
+ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks (large segments)
 
 
 @dataclass(frozen=True)
@@ -545,8 +546,9 @@ def _quant_workspace(w: Workload, p: ParamCounts) -> float:
     return 2 * max(lin.d_in * lin.d_out for lin in p.linears) / w.tp
 
 
-def _round_up(n: float, granule: int) -> int:
-    return int(math.ceil(n / granule) * granule)
+def round_up(n_bytes: float, granule_bytes: int = ALLOC_GRANULE_BYTES) -> int:
+    """`n_bytes` rounded up to a whole number of allocator blocks (bytes)."""
+    return int(math.ceil(n_bytes / granule_bytes) * granule_bytes)
 
 
 def estimate_memory(w: Workload, reserve_fraction: float, context_bytes: int) -> MemoryBreakdown:
@@ -584,7 +586,7 @@ def estimate_memory(w: Workload, reserve_fraction: float, context_bytes: int) ->
         phase = "prefill"
         persistent = st.weights + kv
     allocated = int(persistent + transient)
-    reserved = _round_up(allocated * (1.0 + reserve_fraction), _ALLOC_GRANULE)
+    reserved = round_up(allocated * (1.0 + reserve_fraction))
     nccl = overhead("nccl_buffers_bytes") if w.world_size > 1 else 0
     device_used = reserved + context_bytes + nccl + int(st.paged)
     return MemoryBreakdown(

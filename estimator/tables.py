@@ -178,6 +178,16 @@ def _read(path: Path, columns: tuple[str, ...]) -> list[_Row]:
         raise EstimatorError(f"{path}: malformed CSV: {e}") from None
 
 
+def _lookup(kind: str, key: str, table: dict):
+    """The row of `key` (as given, else lower-cased), or EstimatorError listing the known keys."""
+    row = table.get(key)
+    if row is None:
+        row = table.get(key.lower())
+    if row is None:
+        raise _unknown(kind, key, table)
+    return row
+
+
 def _unknown(kind: str, name: str, known) -> EstimatorError:
     return EstimatorError(f"unknown {kind} '{name}'; known: {', '.join(known)}")
 
@@ -315,20 +325,12 @@ def _prices(path: str | None) -> tuple[tuple[Price, ...], dict[str, tuple[Price,
 
 def gpu(slug: str) -> GpuSpec:
     """The GPU with this slug (case-insensitive)."""
-    table = gpus()
-    spec = table.get(slug) or table.get(slug.lower())
-    if spec is None:
-        raise _unknown("GPU", slug, table)
-    return spec
+    return _lookup("GPU", slug, gpus())
 
 
 def interconnect(name: str) -> Interconnect:
     """The link with this name (case-insensitive)."""
-    table = interconnects()
-    link = table.get(name) or table.get(name.lower())
-    if link is None:
-        raise _unknown("interconnect", name, table)
-    return link
+    return _lookup("interconnect", name, interconnects())
 
 
 def prices(path: str | None = None) -> list[Price]:
@@ -368,11 +370,7 @@ def mfu_default(method: str, gpu_slug: str) -> MfuDefault:
 
 def dtype_bytes(name: str) -> float:
     """Bytes per element of a storage dtype (may be fractional: nf4 = 0.5)."""
-    table = _dtype_table()
-    value = table.get(name) or table.get(name.lower())
-    if value is None:
-        raise _unknown("dtype", name, table)
-    return value
+    return _lookup("dtype", name, _dtype_table())
 
 
 def validate_all() -> None:

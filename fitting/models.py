@@ -38,7 +38,7 @@ from estimator.defaults import overhead
 MIN_POINTS = 3          # a factor needs at least this many measurements that bind it
 PRIOR_WEIGHT = 0.05     # pull towards the formula, in relative-error units per unit of factor
 F_SCALE = 0.02          # soft-L1 scale: residuals beyond ~2 % count linearly, not squared
-GiB = 2**30
+from estimator.units import GiB
 SCALE_BOUNDS = (0.2, 5.0)
 TEMPS_BOUNDS = (0.0, 5.0)
 CONST_BOUNDS_GIB = (0.0, 64.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fitting.data import QUANTITIES
 
-GiB = 2**30
+from estimator.units import GiB
 
 
 def _cell(m: dict | None) -> str:

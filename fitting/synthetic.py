@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from estimator.api import estimate
-from estimator.calibration import SCHEMA, TRACE_GPU, Calibration, round_up
+from estimator.calibration import SCHEMA, TRACE_GPU, Calibration
+from estimator.memory import round_up
 from estimator.configs import load_spec
 from estimator.errors import EstimatorError
 from estimator.workload import Workload

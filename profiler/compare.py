@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from estimator.errors import EstimatorError
+from estimator.units import gib
 from estimator.workload import Workload
 from profiler.case import Case
 from profiler.record import WORKLOAD_COLUMNS
@@ -200,7 +201,7 @@ def fmt_value(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
     if unit == "bytes":
-        return f"{value / 2**30:.2f} GiB"
+        return f"{gib(value):.2f} GiB"
     return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 

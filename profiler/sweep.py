@@ -44,6 +44,7 @@ from pathlib import Path
 
 from estimator.configs import load_spec
 from estimator.errors import EstimatorError
+from estimator.units import gib
 from estimator.params import ALL_LINEAR
 from estimator.workload import Workload
 from profiler.case import Case
@@ -340,6 +341,6 @@ def predicted_fit_test(gpu_slug: str, ratio: float, calibration: str = "auto"):
         except EstimatorError as exc:
             return f"cannot run on {gpu_slug}: {exc}"
         if predicted > ratio * memory_bytes:
-            return f"predicted over {ratio:g} x the {memory_bytes / 2**30:.0f} GiB of {gpu_slug}"
+            return f"predicted over {ratio:g} x the {gib(memory_bytes):.0f} GiB of {gpu_slug}"
         return None
     return test
