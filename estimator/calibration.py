@@ -52,6 +52,8 @@ SCHEMA = "gpu-budget-calibration/2"
 OLD_SCHEMAS = ("gpu-budget-calibration/1",)
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "calibrations"
 TRACE_GPU = "trace"  # tables fitted on fake-tensor traces: device-independent factors only
+# the GPU row that predicts trace rows: their peak allocated does not depend on the row
+TRACE_PREDICTION_GPU = "h100-80gb"
 
 # name -> (kind, low, high); kind: int | num | map (key -> num) | reserve
 _FACTORS = {

@@ -31,7 +31,7 @@ import pandas as pd
 
 from estimator import tables
 from estimator.api import estimate
-from estimator.calibration import TRACE_GPU
+from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
 from estimator.errors import EstimatorError
 from estimator.flops import prefill_flops, training_flops
 from estimator.memory import kv_cache_bytes
@@ -46,7 +46,6 @@ MEASUREMENTS_DIR = REPO_ROOT / "calibrations" / "measurements"
 QUANTITIES = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "context_bytes", "step_s")
 MEMORY_QUANTITIES = QUANTITIES[:4]
 VERSION_COLUMNS = ("driver", "cuda", "torch", "transformers", "peft", "bitsandbytes", "deepspeed")
-DEVICE_INDEPENDENT_SLUG = "h100-80gb"  # memory does not depend on the GPU row; trace rows use this one
 _MEASURED = QUANTITIES + ("prefill_s", "decode_token_s")
 _DEFAULTS = {f.name: f.default for f in fields(Workload) if f.name != "model"}
 
@@ -80,7 +79,7 @@ class Dataset:
     @property
     def slug(self) -> str:
         """The GPU row the estimator is asked about for these points."""
-        return DEVICE_INDEPENDENT_SLUG if self.gpu == TRACE_GPU else self.gpu
+        return TRACE_PREDICTION_GPU if self.gpu == TRACE_GPU else self.gpu
 
     def subset(self, mask) -> "Dataset":
         mask = np.asarray(mask, dtype=bool)
@@ -300,7 +299,7 @@ def build_dataset(rows: pd.DataFrame, gpu: str, files: list | None = None) -> Da
         if col not in rows:
             rows[col] = "<memory>" if col == "source_file" else ""
     rows = _merge_ranks(_select(rows, gpu, skipped))
-    slug = DEVICE_INDEPENDENT_SLUG if gpu == TRACE_GPU else gpu
+    slug = TRACE_PREDICTION_GPU if gpu == TRACE_GPU else gpu
     records, workloads, used = [], [], {}
     for _, row in rows.iterrows():
         try:

@@ -12,7 +12,7 @@ backend measures (anything else is "not measured", never 0 and never a 100 % err
 - trace: peak_allocated_bytes only (a fake-tensor trace has neither allocator segments nor time);
 - cpu: nothing comparable (no device memory; CPU step time says nothing about a GPU).
 Predictions use estimator.api.estimate on the row's GPU (--gpu overrides; trace rows without a
-GPU use `TRACE_GPU`, which only the time would depend on).
+GPU use estimator.calibration.TRACE_PREDICTION_GPU, which only the time would depend on).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from estimator.calibration import TRACE_PREDICTION_GPU
 from estimator.errors import EstimatorError
 from estimator.units import gib
 from estimator.workload import Workload
@@ -29,7 +30,6 @@ from profiler.case import Case
 from profiler.record import WORKLOAD_COLUMNS
 from profiler.sweep import ROOT, resolve_model
 
-TRACE_GPU = "h100-80gb"
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Cal
     from estimator.api import estimate
 
     def predict(row: dict) -> tuple[str, dict]:
-        slug = gpu or row.get("gpu_slug") or (TRACE_GPU if row.get("backend") == "trace" else None)
+        slug = gpu or row.get("gpu_slug") or (TRACE_PREDICTION_GPU if row.get("backend") == "trace" else None)
         if not slug:
             raise EstimatorError("the row names no GPU (pass --gpu)")
         workload: Workload = case_from_row(row).workload()
