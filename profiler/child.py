@@ -46,7 +46,6 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import fields
 from pathlib import Path
 
 from estimator.workload import Workload
@@ -127,16 +126,6 @@ def classify(exc: BaseException) -> tuple[str, str]:
 # ---------------------------------------------------------------- the row
 
 
-def workload_columns(w: Workload) -> dict:
-    """One column per Workload field (tuples joined by commas, as in the Workload id)."""
-    out = {}
-    for f in fields(Workload):
-        if f.name != "model":
-            value = getattr(w, f.name)
-            out[f.name] = ",".join(value) if isinstance(value, tuple) else value
-    return out
-
-
 def identity_columns(case: Case | None, raw: dict | None) -> dict:
     """id, model, model_type and the Workload columns, as far as the case can be read."""
     row = {"model": case.model if case else (raw or {}).get("model")}
@@ -144,7 +133,7 @@ def identity_columns(case: Case | None, raw: dict | None) -> dict:
         return row
     try:
         w = case.workload()
-        row.update(id=w.id, model_type=w.model.model_type, **workload_columns(w))
+        row.update(id=w.id, model_type=w.model.model_type, **record.workload_columns(w))
     except Exception:  # an invalid workload: the error row says why
         pass
     row.update(warmup=case.warmup, steps=case.steps)

@@ -74,6 +74,15 @@ MEASURED_BYTES = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_by
                   "host_rss_bytes")
 
 
+def workload_columns(w: Workload) -> dict:
+    """One column per Workload field (tuples joined by commas, as in the Workload id)."""
+    out = {}
+    for name in WORKLOAD_COLUMNS:
+        value = getattr(w, name)
+        out[name] = ",".join(value) if isinstance(value, tuple) else value
+    return out
+
+
 def empty_row() -> dict:
     """A row with every column present and unmeasured (None)."""
     return {name: None for name in COLUMN_NAMES}

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler.case import Case
-from profiler.record import BACKENDS, COLUMN_NAMES, WORKLOAD_COLUMNS, check_row, empty_row
+from profiler.record import BACKENDS, COLUMN_NAMES, check_row, empty_row, workload_columns
 from profiler.store import RunStore, utc_now
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,10 +216,7 @@ def case_columns(case: Case) -> dict:
     w = case.workload()
     cols = {"id": case.id, "model": case.model, "model_type": w.model.model_type,
             "warmup": case.warmup, "steps": case.steps, "world_size": w.world_size}
-    for name in WORKLOAD_COLUMNS:
-        value = getattr(w, name)
-        cols[name] = ",".join(value) if isinstance(value, tuple) else value
-    return cols
+    return {**cols, **workload_columns(w)}
 
 
 def _base_row(known: dict) -> dict:

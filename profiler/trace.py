@@ -313,7 +313,7 @@ def trace_row(case, layers: int | None = None) -> dict:
     import socket
     from datetime import datetime, timezone
 
-    from profiler.record import check_row, empty_row
+    from profiler.record import check_row, empty_row, workload_columns
 
     row = empty_row()
     w = case.workload()
@@ -321,10 +321,7 @@ def trace_row(case, layers: int | None = None) -> dict:
                 "backend": "trace", "rank": 0, "world_size": 1, "warmup": 1 if w.training else 0,
                 "steps": 1, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "gpu_name": platform.processor() or platform.machine(), "hostname": socket.gethostname()})
-    for name in w.__dataclass_fields__:
-        if name != "model":
-            value = getattr(w, name)
-            row[name] = ",".join(value) if isinstance(value, tuple) else value
+    row.update(workload_columns(w))
     row.update(_versions())
     start = time.perf_counter()
     try:
