@@ -29,6 +29,11 @@ def package_version(name: str) -> str:
         return ""
 
 
+def library_versions() -> dict:
+    """{library: version} of PACKAGES, "" for one not installed (the record's version columns)."""
+    return {name: package_version(name) for name in PACKAGES}
+
+
 def cpu_name() -> str:
     """The CPU model ("model name" of /proc/cpuinfo; platform.processor() elsewhere)."""
     try:
@@ -103,6 +108,6 @@ def device_fields(device: str) -> dict:
 def environment(device: str) -> dict:
     """Every environment column of a record row (profiler.record `_ENV`) for `device`."""
     row = device_fields(device)
-    row.update({name: package_version(name) for name in PACKAGES})
+    row.update(library_versions())
     row["hostname"] = socket.gethostname()
     return row

@@ -313,6 +313,7 @@ def trace_row(case, layers: int | None = None) -> dict:
     import socket
     from datetime import datetime, timezone
 
+    from profiler.env import library_versions
     from profiler.record import check_row, empty_row, workload_columns
 
     row = empty_row()
@@ -322,7 +323,7 @@ def trace_row(case, layers: int | None = None) -> dict:
                 "steps": 1, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "gpu_name": platform.processor() or platform.machine(), "hostname": socket.gethostname()})
     row.update(workload_columns(w))
-    row.update(_versions())
+    row.update(library_versions())
     start = time.perf_counter()
     try:
         result = trace(case, layers=layers)
@@ -333,16 +334,3 @@ def trace_row(case, layers: int | None = None) -> dict:
         row.update(status="error", message=f"{type(exc).__name__}: {exc}".splitlines()[0][:500])
     row["wall_s"] = time.perf_counter() - start
     return check_row(row)
-
-
-def _versions() -> dict:
-    import importlib.metadata as md
-
-    out = {}
-    for column, dist in (("torch", "torch"), ("transformers", "transformers"), ("peft", "peft"),
-                         ("bitsandbytes", "bitsandbytes"), ("deepspeed", "deepspeed")):
-        try:
-            out[column] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[column] = None
-    return out

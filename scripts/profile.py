@@ -20,7 +20,6 @@ an error (e.g. the child cannot start); 2 bad input (one line on stderr, no trac
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import platform
@@ -40,6 +39,7 @@ from estimator.report import OneLineParser  # noqa: E402
 from profiler import runner as runner_mod  # noqa: E402
 from profiler import sweep as sweep_mod  # noqa: E402
 from profiler.case import Case  # noqa: E402
+from profiler.env import package_version  # noqa: E402
 
 PROG = "profile.py"
 DEFAULT_TIMEOUT_S = 600.0
@@ -166,13 +166,8 @@ def _gpu_slug(args, gpu: runner_mod.GpuInfo | None) -> str | None:
 # ---- run folder -----------------------------------------------------------------------------------
 
 def _versions() -> dict:
-    out = {}
-    for name in _PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    """Installed versions of the packages a run depends on (None: not installed)."""
+    return {name: package_version(name) or None for name in _PACKAGES}
 
 
 def _invocation(argv, mode, backend, gpu, slug, sweep_copy, sweep) -> dict:
