@@ -19,7 +19,7 @@ from estimator.memory import round_up
 from estimator.configs import load_spec
 from estimator.errors import EstimatorError
 from estimator.workload import Workload
-from profiler.record import COLUMN_NAMES, WORKLOAD_COLUMNS, empty_row
+from profiler.record import COLUMN_NAMES, empty_row, workload_columns
 
 MiB = 2**20
 TRUE_FACTORS = {
@@ -76,14 +76,6 @@ def workloads(models=MODELS) -> list[Workload]:
     return [w.validate() for w in out]
 
 
-def _settings(w: Workload) -> dict:
-    out = {}
-    for name in WORKLOAD_COLUMNS:
-        value = getattr(w, name)
-        out[name] = ",".join(value) if isinstance(value, tuple) else value
-    return out
-
-
 def rows(gpu: str = "h100-80gb", factors: dict | None = None, noise: float = 0.01, seed: int = 0,
          models=MODELS, backend: str = "cuda", versions: dict | None = None) -> list[dict]:
     """Record rows (profiler.record columns) of `workloads(models)` measured under `factors`.
@@ -104,7 +96,7 @@ def rows(gpu: str = "h100-80gb", factors: dict | None = None, noise: float = 0.0
         m, t = est.memory, est.time
         for rank in range(w.world_size):
             row = empty_row()
-            row.update(_settings(w))
+            row.update(workload_columns(w))
             row.update(id=w.id, model=_alias(w), model_type=w.model.model_type,
                        status="ok", message="", backend=backend, rank=rank, world_size=w.world_size,
                        warmup=2, steps=5, started_at=f"2026-11-22T{len(out) // 60:02d}:{len(out) % 60:02d}:00Z",
