@@ -43,7 +43,7 @@ from pathlib import Path
 
 from estimator import tables
 from estimator.defaults import overhead
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.units import GiB
 from estimator.memory import MemoryBreakdown, round_up
 from estimator.workload import Workload
@@ -304,8 +304,8 @@ def apply_memory(raw: MemoryBreakdown, w: Workload, cal: Calibration) -> tuple[M
 
 # ---- reading and validating tables -----------------------------------------------------------------
 
-def _fail(path, message: str) -> EstimatorError:
-    return EstimatorError(f"calibration {path}: {message}")
+def _fail(path, message: str) -> InputError:
+    return InputError(f"calibration {path}: {message}")
 
 
 def _number(value) -> bool:
@@ -362,16 +362,16 @@ def _validate_stats(data: dict, path) -> None:
 
 
 def validate_table(data: dict, path, gpu_slug: str | None = None) -> None:
-    """Refuse a corrupt or foreign table with a one-line reason (EstimatorError). With
+    """Refuse a corrupt or foreign table with a one-line reason (InputError). With
     `gpu_slug`, a table fitted on another GPU is refused too."""
     if not isinstance(data, dict):
-        raise EstimatorError(f"calibration {path} is not a {SCHEMA} table (not a JSON object)")
+        raise InputError(f"calibration {path} is not a {SCHEMA} table (not a JSON object)")
     schema = data.get("schema")
     if schema in OLD_SCHEMAS:
-        raise EstimatorError(f"calibration {path} uses the retired schema {schema}; refit it "
+        raise InputError(f"calibration {path} uses the retired schema {schema}; refit it "
                              f"(scripts/bench_calibration.py --write, or scripts/profile.py)")
     if schema != SCHEMA:
-        raise EstimatorError(f"calibration {path} is not a {SCHEMA} table (schema {schema!r})")
+        raise InputError(f"calibration {path} is not a {SCHEMA} table (schema {schema!r})")
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise _fail(path, f"unknown keys {unknown}")
@@ -399,8 +399,8 @@ def _load(path: str, gpu_slug: str, refuse_foreign: bool) -> Calibration:
         st = os.stat(path)
     except OSError as exc:
         if refuse_foreign:
-            raise EstimatorError(f"cannot read calibration {path}: {exc.strerror}") from None
-        raise EstimatorError(f"calibration file not found: {path}") from None
+            raise InputError(f"cannot read calibration {path}: {exc.strerror}") from None
+        raise InputError(f"calibration file not found: {path}") from None
     key = (path, st.st_mtime_ns, st.st_size, gpu_slug, refuse_foreign)
     hit = _CACHE.get(key)
     if hit is not None:
@@ -409,12 +409,12 @@ def _load(path: str, gpu_slug: str, refuse_foreign: bool) -> Calibration:
     try:
         data = json.loads(Path(path).read_text())
     except IsADirectoryError:
-        raise EstimatorError(f"calibration file not found: {path}") from None
+        raise InputError(f"calibration file not found: {path}") from None
     except OSError as exc:
-        raise EstimatorError(f"cannot read calibration {shown}: {exc.strerror}") from None
+        raise InputError(f"cannot read calibration {shown}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise EstimatorError(f"calibration {shown} is corrupt: {getattr(exc, 'msg', exc)}{where}") from None
+        raise InputError(f"calibration {shown} is corrupt: {getattr(exc, 'msg', exc)}{where}") from None
     validate_table(data, shown, gpu_slug if refuse_foreign else None)
     if len(_CACHE) > 64:
         _CACHE.clear()

@@ -12,7 +12,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.model import ModelSpec, spec_from_config
 
 CATALOG_DIR = Path(__file__).with_name("catalog")
@@ -44,11 +44,11 @@ def _read_json(path: Path) -> dict:
         with path.open() as f:
             cfg = json.load(f)
     except json.JSONDecodeError as exc:
-        raise EstimatorError(f"malformed config {path}: {exc.msg} at line {exc.lineno}") from None
+        raise InputError(f"malformed config {path}: {exc.msg} at line {exc.lineno}") from None
     except OSError as exc:
-        raise EstimatorError(f"cannot read config {path}: {exc.strerror}") from None
+        raise InputError(f"cannot read config {path}: {exc.strerror}") from None
     if not isinstance(cfg, dict):
-        raise EstimatorError(f"malformed config {path}: not a JSON object")
+        raise InputError(f"malformed config {path}: not a JSON object")
     return cfg
 
 
@@ -70,29 +70,29 @@ def _from_hub(model_id: str) -> dict:
     try:
         from transformers import AutoConfig  # lazy: only hub ids pay for it
     except ImportError:
-        raise EstimatorError(f"unknown model '{model_id}': not a file, not in the catalog, and "
+        raise InputError(f"unknown model '{model_id}': not a file, not in the catalog, and "
                              "transformers is not installed to ask the Hub") from None
     _quiet_hub_logging()
     try:
         cfg = AutoConfig.from_pretrained(model_id, trust_remote_code=False)
     except ValueError as exc:
         if "trust_remote_code" in str(exc) or "custom code" in str(exc):
-            raise EstimatorError(f"'{model_id}' needs remote code, which is not run; pass its "
+            raise InputError(f"'{model_id}' needs remote code, which is not run; pass its "
                                  "config.json as a path instead") from None
-        raise EstimatorError(f"cannot load config of '{model_id}': {str(exc).splitlines()[0]}") from None
+        raise InputError(f"cannot load config of '{model_id}': {str(exc).splitlines()[0]}") from None
     except OSError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = "gated, misspelled, or the Hub is unreachable (offline)"
-        raise EstimatorError(f"cannot load config of '{model_id}' ({hint}): {first}") from None
+        raise InputError(f"cannot load config of '{model_id}' ({hint}): {first}") from None
     except Exception as exc:  # network stacks raise many types; the user needs one line
-        raise EstimatorError(f"cannot load config of '{model_id}': {type(exc).__name__}: {exc}") from None
+        raise InputError(f"cannot load config of '{model_id}': {type(exc).__name__}: {exc}") from None
     return cfg.to_dict()
 
 
 def load_config(model: str) -> tuple[dict, str]:
     """(config dict, display name) for a path, catalog name or hub id."""
     if not model or not model.strip():
-        raise EstimatorError("--model is empty")
+        raise InputError("--model is empty")
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
@@ -102,9 +102,9 @@ def load_config(model: str) -> tuple[dict, str]:
     if row is not None:
         return _read_json(CATALOG_DIR / row["file"]), row["hub_id"]
     if model.endswith(".json") or model.startswith((".", "/")):
-        raise EstimatorError(f"config file not found: {model}")
+        raise InputError(f"config file not found: {model}")
     if "/" not in model:
-        raise EstimatorError(f"unknown model '{model}': not a file and not in the catalog "
+        raise InputError(f"unknown model '{model}': not a file and not in the catalog "
                              "(try a catalog alias such as llama-3.1-8b, or a Hub id org/name)")
     return _from_hub(model), model
 

@@ -8,7 +8,7 @@ import csv
 from functools import lru_cache
 from pathlib import Path
 
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 
 _PATH = Path(__file__).with_name("data") / "overheads.csv"
 
@@ -30,4 +30,4 @@ def overhead(name: str):
     try:
         return overheads()[name][0]
     except KeyError:
-        raise EstimatorError(f"overheads.csv has no row {name!r}") from None
+        raise InputError(f"overheads.csv has no row {name!r}") from None

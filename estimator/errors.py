@@ -1,9 +1,11 @@
-"""The one error type the estimator raises for bad input.
+"""The one error type every package of the project raises for bad input (estimator, profiler,
+fitting).
 
 Command lines catch it and print its message on one line with exit code 2; nothing else in the
-package prints. Messages are complete sentences a user can act on.
+packages prints. Messages are complete sentences a user can act on.
 """
 
 
-class EstimatorError(ValueError):
-    """Invalid input: unknown model or GPU, impossible combination, bad size, malformed file."""
+class InputError(ValueError):
+    """Invalid input: unknown model or GPU, impossible combination, bad size, malformed file,
+    corrupt table or run folder."""

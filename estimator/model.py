@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import astuple, dataclass
 from functools import cached_property
 
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _require(cfg: dict, *keys: str) -> int:
     for key in keys:
         if cfg.get(key) is not None:
             return cfg[key]
-    raise EstimatorError(f"config is missing '{keys[0]}' (model_type {cfg.get('model_type')!r})")
+    raise InputError(f"config is missing '{keys[0]}' (model_type {cfg.get('model_type')!r})")
 
 
 def _layer_types(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[str, ...]:
@@ -119,7 +119,7 @@ def _layer_types(cfg: dict, n_layers: int, default_sliding: bool) -> tuple[str, 
     given = cfg.get("layer_types")
     if given:
         if len(given) != n_layers:
-            raise EstimatorError(f"config layer_types has {len(given)} entries for {n_layers} layers")
+            raise InputError(f"config layer_types has {len(given)} entries for {n_layers} layers")
         return tuple("sliding" if "sliding" in t else "full" for t in given)
     return tuple("sliding" if default_sliding else "full" for _ in range(n_layers))
 
@@ -333,22 +333,22 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(_BUILDERS))
 
 
 def spec_from_config(cfg: dict, name: str = "") -> ModelSpec:
-    """Map a HF config dict to a `ModelSpec`; unknown or malformed configs raise EstimatorError."""
+    """Map a HF config dict to a `ModelSpec`; unknown or malformed configs raise InputError."""
     if not isinstance(cfg, dict):
-        raise EstimatorError("a model config must be a JSON object")
+        raise InputError("a model config must be a JSON object")
     mt = cfg.get("model_type")
     if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
-        raise EstimatorError(
+        raise InputError(
             "gemma3 multimodal configs are not modelled (vision tower); use the text-only "
             "catalog entry, e.g. 'gemma-3-4b'")
     builder = _BUILDERS.get(mt)
     if builder is None:
-        raise EstimatorError(
+        raise InputError(
             f"model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     try:
         spec = builder(cfg, name or cfg.get("_name_or_path") or mt)
     except (TypeError, KeyError) as exc:
-        raise EstimatorError(f"malformed {mt} config: {exc}") from None
+        raise InputError(f"malformed {mt} config: {exc}") from None
     _check_positive(spec)
     return spec
 
@@ -358,7 +358,7 @@ def _check_positive(spec: ModelSpec) -> None:
                        "head_dim", "intermediate_size"):
         value = getattr(spec, field_name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise EstimatorError(f"malformed config: {field_name} must be a positive integer, got {value!r}")
+            raise InputError(f"malformed config: {field_name} must be a positive integer, got {value!r}")
     if spec.num_heads % spec.num_kv_heads:
-        raise EstimatorError(
+        raise InputError(
             f"malformed config: {spec.num_heads} attention heads do not divide into {spec.num_kv_heads} kv heads")

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from estimator import tables
 from estimator.api import Estimate, JobSpec, estimate
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.workload import Workload
 
 GPUS_PER_NODE = 8
@@ -40,7 +40,7 @@ def gpus_needed(w: Workload, slug: str, calibration: str = "auto") -> Estimate |
     for n in _counts():
         try:
             candidate = _spread(w, n)
-        except EstimatorError:
+        except InputError:
             return None  # tensor parallel no longer divides the heads
         result = estimate(candidate, slug, calibration)
         if result.fits:
@@ -69,7 +69,7 @@ def fit_table(w: Workload, calibration: str = "auto", price_path: str | None = N
     for slug, gpu in tables.gpus().items():
         try:
             result = gpus_needed(w, slug, calibration)
-        except EstimatorError:
+        except InputError:
             result = None  # e.g. bf16 on a GPU without bf16
         price = tables.price(slug, price_path).usd_per_gpu_hour
         if result is None:
@@ -120,7 +120,7 @@ def cheapest(w: Workload, job: JobSpec, deadline_s: float, calibration: str = "a
                 break
             try:
                 result = estimate(_spread(w, n), slug, calibration, job)
-            except EstimatorError:
+            except InputError:
                 break
             if result.fits and result.job.job_s <= deadline_s:
                 found.append(result)
@@ -152,7 +152,7 @@ class ComputeOptimal:
 def compute_optimal(flops: float) -> ComputeOptimal:
     """Compute-optimal parameters and tokens for a budget of `flops` (C = 6 N D)."""
     if not flops > 0:
-        raise EstimatorError("the compute budget must be positive")
+        raise InputError("the compute budget must be positive")
     params = math.sqrt(flops / (6.0 * CHINCHILLA_TOKENS_PER_PARAM))
     f = CHINCHILLA_FIT
     g = (f["alpha"] * f["A"] / (f["beta"] * f["B"])) ** (1.0 / (f["alpha"] + f["beta"]))
@@ -166,5 +166,5 @@ def compute_optimal(flops: float) -> ComputeOptimal:
 def budget_flops(slug: str, n_gpus: int, hours: float, mfu: float, dtype: str = "bf16") -> float:
     """Useful FLOPs of `n_gpus` GPUs of `slug` running `hours` at an achieved fraction `mfu`."""
     if n_gpus <= 0 or hours <= 0:
-        raise EstimatorError("GPU count and hours must be positive")
+        raise InputError("GPU count and hours must be positive")
     return tables.gpu(slug).dense_tflops(dtype) * 1e12 * mfu * n_gpus * hours * 3600.0

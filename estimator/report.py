@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from estimator import planner, tables
 from estimator.api import Estimate, JobSpec, estimate
 from estimator.configs import load_spec
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.params import ALL_LINEAR
 from estimator.units import GiB
 from estimator.workload import Workload
@@ -39,7 +39,7 @@ def _gib(n: int | None) -> str:
 
 def workload_from_args(args) -> Workload:
     if not args.model:
-        raise EstimatorError("--model is required (a config.json path, catalog name or Hub id)")
+        raise InputError("--model is required (a config.json path, catalog name or Hub id)")
     targets = ALL_LINEAR if args.lora_targets.strip().lower() == "all-linear" else tuple(
         t.strip() for t in args.lora_targets.split(",") if t.strip())
     quant = args.quant or ("nf4" if args.method == "qlora" else "none")
@@ -57,7 +57,7 @@ def _job(args) -> JobSpec | None:
     if args.samples is None:
         return None
     if args.samples <= 0 or args.epochs <= 0 or args.retry_factor < 1.0:
-        raise EstimatorError("--samples and --epochs must be positive and --retry-factor at least 1")
+        raise InputError("--samples and --epochs must be positive and --retry-factor at least 1")
     return JobSpec(args.samples, args.epochs, args.retry_factor, args.price_table, args.provider)
 
 
@@ -105,7 +105,7 @@ def advice(result: Estimate, calibration: str) -> list[str]:
         try:
             if estimate(w.with_(**change), slug, calibration).fits:
                 out.append(flag)
-        except EstimatorError:
+        except InputError:
             continue
     need = planner.gpus_needed(w, slug, calibration)
     if need is not None:
@@ -195,7 +195,7 @@ def _max(w: Workload, args) -> Result:
 def _cheapest(w: Workload, args) -> Result:
     job = _job(args)
     if job is None or args.deadline_hours is None or args.deadline_hours <= 0:
-        raise EstimatorError("--cheapest needs --samples and a positive --deadline-hours")
+        raise InputError("--cheapest needs --samples and a positive --deadline-hours")
     found = planner.cheapest(w, job, args.deadline_hours * 3600.0, args.calibration)
     data = {"workload": w.id, "deadline_hours": args.deadline_hours,
             "setups": [{"gpu": e.gpu.slug, "gpus": e.workload.world_size, "job_hours": e.job.job_s / 3600,
@@ -211,10 +211,10 @@ def _cheapest(w: Workload, args) -> Result:
 
 def _chinchilla(args) -> Result:
     if args.hours is None:
-        raise EstimatorError("--chinchilla needs --hours (wall-clock budget) with --gpu and --gpus")
+        raise InputError("--chinchilla needs --hours (wall-clock budget) with --gpu and --gpus")
     mfu = args.mfu if args.mfu is not None else tables.mfu_default("full", args.gpu).mfu
     if not 0 < mfu < 1:
-        raise EstimatorError("--mfu must be between 0 and 1")
+        raise InputError("--mfu must be between 0 and 1")
     n = args.gpus * args.nodes
     flops = planner.budget_flops(args.gpu, n, args.hours, mfu)
     opt = planner.compute_optimal(flops)

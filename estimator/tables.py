@@ -3,7 +3,7 @@
 Units: bytes are int (memory_bytes, bandwidth in bytes/s), throughput in TFLOPS = 1e12 FLOP/s
 (dense, never the 2:4-sparse figure), latency in seconds, prices in USD per GPU-hour. Every row
 carries `source` and an ISO `date`. Loaders parse once (functools caches), so after the first call
-`gpu(slug)` is a dict lookup. Any malformed table raises EstimatorError naming file, row and column.
+`gpu(slug)` is a dict lookup. Any malformed table raises InputError naming file, row and column.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -56,11 +56,11 @@ class GpuSpec:
         """Dense peak in TFLOPS (1e12 FLOP/s) for dtype in bf16, fp16, tf32, fp32."""
         field = _DENSE_FIELDS.get(dtype)
         if field is None:
-            raise EstimatorError(f"unknown compute dtype '{dtype}'; known: {', '.join(_DENSE_FIELDS)}")
+            raise InputError(f"unknown compute dtype '{dtype}'; known: {', '.join(_DENSE_FIELDS)}")
         value = getattr(self, field)
         if value is None:
             hint = "; use fp16" if dtype == "bf16" and self.fp16_dense_tflops is not None else ""
-            raise EstimatorError(f"{self.name} ({self.slug}) has no {dtype} tensor cores{hint}")
+            raise InputError(f"{self.name} ({self.slug}) has no {dtype} tensor cores{hint}")
         return value
 
 
@@ -103,13 +103,13 @@ class MfuDefault:
 
 
 class _Row:
-    """One data row; its parsers raise EstimatorError naming file, row and column."""
+    """One data row; its parsers raise InputError naming file, row and column."""
 
     def __init__(self, path: Path, line: int, values: dict[str, str]):
         self.path, self.line, self.values = path, line, values
 
-    def fail(self, column: str, problem: str) -> EstimatorError:
-        return EstimatorError(f"{self.path}: row {self.line}, column '{column}': {problem}")
+    def fail(self, column: str, problem: str) -> InputError:
+        return InputError(f"{self.path}: row {self.line}, column '{column}': {problem}")
 
     def text(self, column: str) -> str:
         value = self.values[column].strip()
@@ -161,25 +161,25 @@ def _read(path: Path, columns: tuple[str, ...]) -> list[_Row]:
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None or tuple(h.strip() for h in header) != columns:
-                raise EstimatorError(f"{path}: row 1: header must be exactly "
+                raise InputError(f"{path}: row 1: header must be exactly "
                                      f"'{','.join(columns)}', got '{','.join(header or [])}'")
             rows = []
             for fields in reader:
                 if not any(x.strip() for x in fields):
                     continue
                 if len(fields) != len(columns):
-                    raise EstimatorError(f"{path}: row {reader.line_num}: expected {len(columns)} "
+                    raise InputError(f"{path}: row {reader.line_num}: expected {len(columns)} "
                                          f"columns, got {len(fields)}")
                 rows.append(_Row(path, reader.line_num, dict(zip(columns, fields))))
             return rows
     except OSError as e:
-        raise EstimatorError(f"cannot read table {path}: {e.strerror or e}") from None
+        raise InputError(f"cannot read table {path}: {e.strerror or e}") from None
     except csv.Error as e:
-        raise EstimatorError(f"{path}: malformed CSV: {e}") from None
+        raise InputError(f"{path}: malformed CSV: {e}") from None
 
 
 def _lookup(kind: str, key: str, table: dict):
-    """The row of `key` (as given, else lower-cased), or EstimatorError listing the known keys."""
+    """The row of `key` (as given, else lower-cased), or InputError listing the known keys."""
     row = table.get(key)
     if row is None:
         row = table.get(key.lower())
@@ -188,8 +188,8 @@ def _lookup(kind: str, key: str, table: dict):
     return row
 
 
-def _unknown(kind: str, name: str, known) -> EstimatorError:
-    return EstimatorError(f"unknown {kind} '{name}'; known: {', '.join(known)}")
+def _unknown(kind: str, name: str, known) -> InputError:
+    return InputError(f"unknown {kind} '{name}'; known: {', '.join(known)}")
 
 
 # ---------------------------------------------------------------- loaders
@@ -316,7 +316,7 @@ def _prices(path: str | None) -> tuple[tuple[Price, ...], dict[str, tuple[Price,
     try:
         st = os.stat(file)
     except OSError as e:
-        raise EstimatorError(f"cannot read price file {file}: {e.strerror or e}") from None
+        raise InputError(f"cannot read price file {file}: {e.strerror or e}") from None
     return _price_file(file, st.st_mtime_ns, st.st_size)   # re-read when the file changes
 
 
@@ -347,11 +347,11 @@ def price(slug: str, path: str | None = None, provider: str | None = None) -> Pr
         mine = [p for p in offers if p.provider.lower() == provider.lower()]
         if not mine:
             have = sorted({p.provider for p in offers}) or ["none"]
-            raise EstimatorError(f"no on-demand price for '{spec.slug}' from provider '{provider}' in "
+            raise InputError(f"no on-demand price for '{spec.slug}' from provider '{provider}' in "
                                  f"{where}; providers with one: {', '.join(have)}")
         return mine[0]
     if not offers:
-        raise EstimatorError(f"no on-demand price for '{spec.slug}' in {where}; add a row "
+        raise InputError(f"no on-demand price for '{spec.slug}' in {where}; add a row "
                              f"'{spec.slug},<provider>,<usd_per_gpu_hour>,on-demand,<source>,<date>'")
     return offers[0]
 
@@ -363,7 +363,7 @@ def mfu_default(method: str, gpu_slug: str) -> MfuDefault:
     row = table.get((method, slug)) or table.get((method, "*"))
     if row is None:
         methods = sorted({m for m, _ in table})
-        raise EstimatorError(f"no default MFU for method '{method}' on '{gpu_slug}'; "
+        raise InputError(f"no default MFU for method '{method}' on '{gpu_slug}'; "
                              f"methods: {', '.join(methods)}")
     return row
 
@@ -379,6 +379,6 @@ def validate_all() -> None:
     priced = set(_prices(None)[1])
     for slug in known:
         if slug not in priced:
-            raise EstimatorError(f"{DATA_DIR / 'prices.csv'}: no on-demand price row for GPU '{slug}' of gpus.csv")
+            raise InputError(f"{DATA_DIR / 'prices.csv'}: no on-demand price row for GPU '{slug}' of gpus.csv")
     _mfu_table()
     _dtype_table()

@@ -1,14 +1,14 @@
 """`Workload`: the one noun every part of the product speaks about.
 
 A frozen, hashable description of one job on one kind of GPU: model, method, precision,
-optimizer, sizes, parallelism. `validate()` turns impossible combinations into EstimatorError.
+optimizer, sizes, parallelism. `validate()` turns impossible combinations into InputError.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.tables import dtype_bytes
 from estimator.model import ModelSpec
 from estimator.params import ALL_LINEAR
@@ -97,7 +97,7 @@ class Workload:
         return replace(self, **changes).validate()
 
     def validate(self) -> "Workload":
-        """Return self, or raise EstimatorError for the first impossible setting."""
+        """Return self, or raise InputError for the first impossible setting."""
         if self.__dict__.get("_valid"):  # frozen: once valid, always valid
             return self
         _check_choices(self)
@@ -113,10 +113,10 @@ def _check_choices(w: Workload) -> None:
                           ("adamw_impl", ADAMW_IMPLS), ("attn", ATTENTIONS), ("quant", QUANTS),
                           ("offload", OFFLOADS), ("zero", ZERO_STAGES)):
         if getattr(w, name) not in allowed:
-            raise EstimatorError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
+            raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
     unknown = [t for t in w.lora_targets if t not in ALL_LINEAR]
     if unknown or not w.lora_targets:
-        raise EstimatorError(
+        raise InputError(
             f"unknown LoRA target {','.join(unknown) or '(none)'}; use module roles "
             f"{','.join(ALL_LINEAR)} or all-linear")
 
@@ -125,41 +125,41 @@ def _check_sizes(w: Workload) -> None:
     for name in ("batch", "seq", "grad_accum", "lora_rank", "gpus", "nodes", "tp", "pp"):
         value = getattr(w, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise EstimatorError(f"{name} must be a positive integer; got {value!r}")
+            raise InputError(f"{name} must be a positive integer; got {value!r}")
     if not isinstance(w.new_tokens, int) or w.new_tokens < 0:
-        raise EstimatorError(f"new_tokens must be a non-negative integer; got {w.new_tokens!r}")
+        raise InputError(f"new_tokens must be a non-negative integer; got {w.new_tokens!r}")
 
 
 def _check_method(w: Workload) -> None:
     if w.method == "qlora":
         if w.quant not in ("nf4", "fp4"):
-            raise EstimatorError("QLoRA stores the base weights in 4 bits: quant must be nf4 or fp4")
+            raise InputError("QLoRA stores the base weights in 4 bits: quant must be nf4 or fp4")
         if w.precision == "fp32":
-            raise EstimatorError(
+            raise InputError(
                 "QLoRA with fp32 base weights is impossible: the base is 4-bit; choose bf16 or fp16 as "
                 "compute dtype (amp-bf16/amp-fp16 keep the non-quantized layers in fp32)")
     elif w.method == "full" and w.quant != "none":
-        raise EstimatorError("a full fine-tune cannot train quantized weights; use --method lora or qlora")
+        raise InputError("a full fine-tune cannot train quantized weights; use --method lora or qlora")
     elif w.method == "lora" and w.quant in ("nf4", "fp4"):
-        raise EstimatorError("LoRA on a 4-bit base is QLoRA: use --method qlora")
+        raise InputError("LoRA on a 4-bit base is QLoRA: use --method qlora")
     if w.method == "inference" and (w.zero or w.offload != "none"):
-        raise EstimatorError("ZeRO and offload apply to training; inference takes --gpus with --tp instead")
+        raise InputError("ZeRO and offload apply to training; inference takes --gpus with --tp instead")
     if w.method != "inference" and w.new_tokens:
-        raise EstimatorError("--new-tokens applies to inference only")
+        raise InputError("--new-tokens applies to inference only")
     if w.attn == "flash" and w.compute_dtype == "fp32":
-        raise EstimatorError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
+        raise InputError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
     if w.quant != "none" and w.compute_dtype == "fp32" and w.method == "inference":
-        raise EstimatorError("quantized inference computes in fp16/bf16; choose --precision bf16 or fp16")
+        raise InputError("quantized inference computes in fp16/bf16; choose --precision bf16 or fp16")
 
 
 def _check_parallel(w: Workload) -> None:
     if w.world_size % (w.tp * w.pp):
-        raise EstimatorError(f"tp x pp = {w.tp * w.pp} must divide the {w.world_size} GPUs")
+        raise InputError(f"tp x pp = {w.tp * w.pp} must divide the {w.world_size} GPUs")
     if w.model.num_heads % w.tp or w.model.num_kv_heads % w.tp and w.tp % w.model.num_kv_heads:
-        raise EstimatorError(f"tensor parallel {w.tp} must divide the {w.model.num_heads} attention heads")
+        raise InputError(f"tensor parallel {w.tp} must divide the {w.model.num_heads} attention heads")
     if w.pp > w.model.num_layers:
-        raise EstimatorError(f"pipeline parallel {w.pp} exceeds the {w.model.num_layers} layers")
+        raise InputError(f"pipeline parallel {w.pp} exceeds the {w.model.num_layers} layers")
     if w.offload != "none" and w.zero == 0:
-        raise EstimatorError("offload needs ZeRO: optimizer offload with --zero 1, 2 or 3")
+        raise InputError("offload needs ZeRO: optimizer offload with --zero 1, 2 or 3")
     if w.offload == "optimizer+params" and w.zero != 3:
-        raise EstimatorError("parameter offload needs ZeRO stage 3 (--zero 3)")
+        raise InputError("parameter offload needs ZeRO stage 3 (--zero 3)")

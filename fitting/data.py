@@ -32,7 +32,7 @@ import pandas as pd
 from estimator import tables
 from estimator.api import estimate
 from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.flops import prefill_flops, training_flops
 from estimator.memory import kv_cache_bytes
 from estimator.params import count_params
@@ -165,7 +165,7 @@ def _parse_value(name: str, text: str):
     if isinstance(default, bool):
         low = text.strip().lower()
         if low not in ("true", "false", "1", "0", "yes", "no"):
-            raise EstimatorError(f"{name}: not a boolean: {text!r}")
+            raise InputError(f"{name}: not a boolean: {text!r}")
         return low in ("true", "1", "yes")
     if isinstance(default, int):
         return int(float(text))
@@ -192,7 +192,7 @@ def workload_from_row(row) -> Workload:
             settings[name] = _parse_value(name, text)
     ref = str(row.get("model", "") or "")
     if not ref:
-        raise EstimatorError("row has no model")
+        raise InputError("row has no model")
     return Case(_model_ref(ref, str(row.get("_csv_dir", ""))), settings).workload()
 
 
@@ -305,7 +305,7 @@ def build_dataset(rows: pd.DataFrame, gpu: str, files: list | None = None) -> Da
         try:
             w = workload_from_row(row)
             feats = _features(w, slug, row)
-        except (EstimatorError, ValueError) as exc:
+        except (InputError, ValueError) as exc:
             reason = f"cannot rebuild the workload: {str(exc)[:80]}"
             skipped[reason] = skipped.get(reason, 0) + 1
             continue

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from estimator.calibration import Calibration
-from fitting import render, table as tables
+from fitting import calibration_table, render
 from fitting.cv import error_table, leave_one_model_out, predict
 from fitting.data import (MEASUREMENTS_DIR, REPO_ROOT, committed_files, csv_files, display_path, load,
                           read_table_file, sha256)
@@ -91,11 +91,11 @@ def _subset_errors(data, pred, mask) -> dict:
 def refresh(run_dirs, gpu_slug: str, table_path: Path | None = None, write: bool = True,
             measurements_dir: Path | None = None, allow_missing: bool = False) -> RefreshResult:
     """Fit the table of `gpu_slug` on all its measurements plus the new run's; compare; write."""
-    table_path = Path(table_path) if table_path else tables.default_path(gpu_slug)
+    table_path = Path(table_path) if table_path else calibration_table.default_path(gpu_slug)
     base = Path(measurements_dir) if measurements_dir else MEASUREMENTS_DIR
     folder = base / gpu_slug
     result = RefreshResult(gpu_slug, table_path)
-    existing = tables.read(table_path, gpu_slug)  # TableError on a corrupt or foreign table
+    existing = calibration_table.read(table_path, gpu_slug)  # TableError on a corrupt or foreign table
     new_files = csv_files(run_dirs)
     earlier, result.missing, changed = _earlier_files(existing)
     result.warnings += changed
@@ -134,7 +134,7 @@ def refresh(run_dirs, gpu_slug: str, table_path: Path | None = None, write: bool
 
     destinations = _copy_destinations(new_files, folder) if write else {}
     file_paths = {display_path(src): display_path(dst) for src, dst in destinations.items()}
-    result.table = tables.build(data, fit, cv, file_paths=file_paths)
+    result.table = calibration_table.build(data, fit, cv, file_paths=file_paths)
     if result.missing:
         result.table["notes"].append("dropped earlier measurement files that are gone: " + ", ".join(result.missing))
 
@@ -155,7 +155,7 @@ def refresh(run_dirs, gpu_slug: str, table_path: Path | None = None, write: bool
             if src.resolve() != dst.resolve() and not dst.exists():
                 _commit(src, dst)
                 result.copied.append(display_path(dst))
-        tables.write(table_path, result.table)
+        calibration_table.write(table_path, result.table)
         result.written = True
         lines.append(f"written: {display_path(table_path)}"
                      + (f" (measurements copied: {', '.join(result.copied)})" if result.copied else ""))

@@ -17,7 +17,7 @@ from estimator.api import estimate
 from estimator.calibration import SCHEMA, TRACE_GPU, Calibration
 from estimator.memory import round_up
 from estimator.configs import load_spec
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.workload import Workload
 from profiler.record import COLUMN_NAMES, empty_row, workload_columns
 
@@ -91,7 +91,7 @@ def rows(gpu: str = "h100-80gb", factors: dict | None = None, noise: float = 0.0
     for w in workloads(models):
         try:
             est = estimate(w, slug, cal)
-        except EstimatorError:
+        except InputError:
             continue
         m, t = est.memory, est.time
         for rank in range(w.world_size):

@@ -150,7 +150,7 @@ def _quantize_linears(model, w: Workload, device: str) -> None:
 
 def _bnb_linear(linear, w: Workload, device: str):
     if device == "meta":  # Params4bit cannot live on meta: the tracer's stand-in, same storage
-        from profiler.trace_qlora import stand_in_linear
+        from profiler.trace.qlora import stand_in_linear
 
         return stand_in_linear(linear, w, torch_dtype(w.compute_dtype))
     import bitsandbytes as bnb

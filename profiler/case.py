@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 from estimator.configs import load_config, load_spec
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.workload import Workload
 
 _WORKLOAD_FIELDS = {f.name: f for f in fields(Workload) if f.name != "model"}
@@ -23,7 +23,7 @@ def _normalise(values: dict) -> dict:
     out = {}
     for key, value in values.items():
         if key not in _WORKLOAD_FIELDS:
-            raise EstimatorError(f"unknown workload field '{key}'; known: {', '.join(sorted(_WORKLOAD_FIELDS))}")
+            raise InputError(f"unknown workload field '{key}'; known: {', '.join(sorted(_WORKLOAD_FIELDS))}")
         if isinstance(value, list):
             value = tuple(value)
         if key == "lora_targets" and isinstance(value, str):
@@ -47,14 +47,14 @@ class Case:
         for name in ("warmup", "steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "warmup" else 1):
-                raise EstimatorError(f"{name} must be a {'non-negative' if name == 'warmup' else 'positive'} "
+                raise InputError(f"{name} must be a {'non-negative' if name == 'warmup' else 'positive'} "
                                      f"integer; got {value!r}")
 
     def __hash__(self) -> int:
         return hash(self.id)
 
     def workload(self) -> Workload:
-        """The validated Workload (raises EstimatorError with one clear line)."""
+        """The validated Workload (raises InputError with one clear line)."""
         return Workload(model=load_spec(self.model), **self.settings).validate()
 
     def config(self) -> dict:
@@ -82,9 +82,9 @@ class Case:
     def from_dict(cls, d: dict) -> "Case":
         unknown = set(d) - {"model", "settings", "warmup", "steps"}
         if unknown:
-            raise EstimatorError(f"unknown case keys: {', '.join(sorted(unknown))}")
+            raise InputError(f"unknown case keys: {', '.join(sorted(unknown))}")
         if "model" not in d:
-            raise EstimatorError("a case needs a model")
+            raise InputError("a case needs a model")
         return cls(d["model"], dict(d.get("settings", {})), int(d.get("warmup", 2)), int(d.get("steps", 5)))
 
     @classmethod

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from estimator.calibration import TRACE_PREDICTION_GPU
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.units import gib
 from estimator.workload import Workload
 from profiler.case import Case
@@ -118,13 +118,13 @@ def case_from_row(row: dict, base_dirs: list[Path] | None = None) -> Case:
 
 def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Callable:
     """predict(row) -> (gpu slug, {quantity: value}) from estimator.api.estimate; raises
-    EstimatorError when the row names no GPU or the estimator refuses the workload."""
+    InputError when the row names no GPU or the estimator refuses the workload."""
     from estimator.api import estimate
 
     def predict(row: dict) -> tuple[str, dict]:
         slug = gpu or row.get("gpu_slug") or (TRACE_PREDICTION_GPU if row.get("backend") == "trace" else None)
         if not slug:
-            raise EstimatorError("the row names no GPU (pass --gpu)")
+            raise InputError("the row names no GPU (pass --gpu)")
         workload: Workload = case_from_row(row).workload()
         est = estimate(workload, slug, calibration=calibration)
         return slug, {q.name: q.predicted(est) for q in QUANTITIES}
@@ -143,7 +143,7 @@ def compare_rows(rows: list[dict], predict: Callable) -> list[Point]:
         if any(v is not None for v in measured.values()):
             try:
                 slug, predicted = predict(row)
-            except EstimatorError as exc:
+            except InputError as exc:
                 failure = f"not predicted: {exc}"
         for q in wanted:
             points.append(_point(row, backend, slug, q, predicted.get(q.name), measured[q.name], failure))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from estimator import tables
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
 from estimator.workload import Workload
 from profiler.nvml import PeakSampler, Probe
@@ -224,7 +224,7 @@ def peak_flops_per_s(w: Workload, gpu_slug: str) -> float | None:
         return None
     try:
         return tables.gpu(gpu_slug).dense_tflops(w.compute_dtype) * 1e12
-    except EstimatorError:
+    except InputError:
         return None
 
 

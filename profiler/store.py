@@ -33,7 +33,7 @@ from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
 
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.workload import Workload
 from profiler.case import Case
 from profiler.record import COLUMN_NAMES, check_row
@@ -129,9 +129,9 @@ class RunStore:
         found = [f for f in ("csv", "parquet") if (self.run_dir / f"results.{f}").exists()]
         self.fmt = fmt or (found[0] if found else "csv")
         if self.fmt not in ("csv", "parquet"):
-            raise EstimatorError(f"result format must be csv or parquet; got {self.fmt!r}")
+            raise InputError(f"result format must be csv or parquet; got {self.fmt!r}")
         if found and self.fmt not in found:  # resuming must read the rows already there
-            raise EstimatorError(f"{self.run_dir} holds results.{found[0]}: resume it in that format")
+            raise InputError(f"{self.run_dir} holds results.{found[0]}: resume it in that format")
         if self.fmt == "parquet":
             _require_pyarrow()
         self._clean_temporaries()
@@ -157,7 +157,7 @@ class RunStore:
             else:
                 frame = pd.read_parquet(self.path).astype("string").fillna("")
         except Exception as exc:  # a corrupt table is bad input: say which file
-            raise EstimatorError(f"cannot read results {self.path}: {exc}") from None
+            raise InputError(f"cannot read results {self.path}: {exc}") from None
         return [{k: _from_cell(k, v) for k, v in rec.items()} for rec in frame.to_dict("records")]
 
     def _write(self) -> None:
@@ -260,7 +260,7 @@ class RunStore:
         try:
             return json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise EstimatorError(f"{path} is corrupt: {exc.msg} at line {exc.lineno}") from None
+            raise InputError(f"{path} is corrupt: {exc.msg} at line {exc.lineno}") from None
 
 
 def default_run_dir(label: str, parent: str | Path = "runs") -> Path:
@@ -277,5 +277,5 @@ def _require_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        raise EstimatorError("Parquet results need pyarrow, which is not installed; use csv") from None
+        raise InputError("Parquet results need pyarrow, which is not installed; use csv") from None
 

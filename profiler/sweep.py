@@ -31,7 +31,7 @@ sweep file's folder first, then the repository root. Conveniences shared with sc
 
 What is dropped is counted, never silent: combinations `Workload.validate` refuses (grouped by
 reason), configurations an `exclude` rule matches, and duplicates (same Workload id). An unknown
-model, an unknown key, an empty list or a malformed file raise EstimatorError (one line).
+model, an unknown key, an empty list or a malformed file raise InputError (one line).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from itertools import product
 from pathlib import Path
 
 from estimator.configs import load_spec
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.units import gib
 from estimator.params import ALL_LINEAR
 from estimator.workload import Workload
@@ -107,7 +107,7 @@ def _parse_text(text: str, path: Path) -> object:
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
-            raise EstimatorError(f"sweep {path}: malformed JSON: {exc.msg} at line {exc.lineno}") from None
+            raise InputError(f"sweep {path}: malformed JSON: {exc.msg} at line {exc.lineno}") from None
     import yaml
 
     try:
@@ -116,14 +116,14 @@ def _parse_text(text: str, path: Path) -> object:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise EstimatorError(f"sweep {path}: malformed YAML: {problem}{where}") from None
+        raise InputError(f"sweep {path}: malformed YAML: {problem}{where}") from None
 
 
 def _mapping(value, what: str, path: Path) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise EstimatorError(f"sweep {path}: {what} must be a mapping; got {type(value).__name__}")
+        raise InputError(f"sweep {path}: {what} must be a mapping; got {type(value).__name__}")
     return dict(value)
 
 
@@ -133,44 +133,44 @@ def _entries(value, what: str, path: Path) -> tuple[dict, ...]:
         return ()
     items = [value] if isinstance(value, dict) else value
     if not isinstance(items, list):
-        raise EstimatorError(f"sweep {path}: {what} must be a list of mappings")
+        raise InputError(f"sweep {path}: {what} must be a list of mappings")
     return tuple(_mapping(item, f"{what} entry {i + 1}", path) for i, item in enumerate(items))
 
 
 def _check_keys(entry: dict, what: str, path: Path) -> None:
     unknown = sorted(set(entry) - _ENTRY_KEYS)
     if unknown:
-        raise EstimatorError(f"sweep {path}: {what}: unknown key '{unknown[0]}'; known: "
+        raise InputError(f"sweep {path}: {what}: unknown key '{unknown[0]}'; known: "
                              f"{', '.join(sorted(_ENTRY_KEYS))}")
     for key, value in entry.items():
         if isinstance(value, list) and not value:
-            raise EstimatorError(f"sweep {path}: {what}: '{key}' is an empty list")
+            raise InputError(f"sweep {path}: {what}: '{key}' is an empty list")
 
 
 def _positive(value, name: str, path: Path) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise EstimatorError(f"sweep {path}: {name} must be a positive number; got {value!r}")
+        raise InputError(f"sweep {path}: {name} must be a positive number; got {value!r}")
     return float(value)
 
 
 def sweep_from_dict(data, path: Path) -> Sweep:
     """Check the structure of a parsed sweep file and build the Sweep."""
     if not isinstance(data, dict):
-        raise EstimatorError(f"sweep {path}: the file must hold a mapping with a 'grid' list")
+        raise InputError(f"sweep {path}: the file must hold a mapping with a 'grid' list")
     unknown = sorted(set(data) - set(_TOP_KEYS))
     if unknown:
-        raise EstimatorError(f"sweep {path}: unknown key '{unknown[0]}'; known: {', '.join(_TOP_KEYS)}")
+        raise InputError(f"sweep {path}: unknown key '{unknown[0]}'; known: {', '.join(_TOP_KEYS)}")
     defaults = _mapping(data.get("defaults"), "defaults", path)
     _check_keys(defaults, "defaults", path)
     grid = _entries(data.get("grid"), "grid", path)
     if not grid:
-        raise EstimatorError(f"sweep {path}: 'grid' is missing or empty")
+        raise InputError(f"sweep {path}: 'grid' is missing or empty")
     for i, entry in enumerate(grid):
         _check_keys(entry, f"grid entry {i + 1}", path)
         if "model" not in entry and "model" not in defaults:
-            raise EstimatorError(f"sweep {path}: grid entry {i + 1} has no model")
+            raise InputError(f"sweep {path}: grid entry {i + 1} has no model")
     exclude = _entries(data.get("exclude"), "exclude", path)
     for i, rule in enumerate(exclude):
         _check_keys(rule, f"exclude rule {i + 1}", path)
@@ -180,14 +180,14 @@ def sweep_from_dict(data, path: Path) -> Sweep:
 
 
 def load_sweep(path: str | Path) -> Sweep:
-    """Read a sweep file (.yaml/.yml or .json); every problem is one EstimatorError line."""
+    """Read a sweep file (.yaml/.yml or .json); every problem is one InputError line."""
     path = Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise EstimatorError(f"sweep file not found: {path}") from None
+        raise InputError(f"sweep file not found: {path}") from None
     except OSError as exc:
-        raise EstimatorError(f"cannot read sweep {path}: {exc.strerror}") from None
+        raise InputError(f"cannot read sweep {path}: {exc.strerror}") from None
     return sweep_from_dict(_parse_text(text, path), path)
 
 
@@ -196,9 +196,9 @@ def load_sweep(path: str | Path) -> Sweep:
 def resolve_model(ref: str, base_dirs: list[Path]) -> str:
     """A model reference as the child should get it: an existing config path (folder or file,
     relative to the first of `base_dirs` where it exists) becomes absolute; catalog aliases and
-    Hub ids pass unchanged. A missing `.json` path raises EstimatorError."""
+    Hub ids pass unchanged. A missing `.json` path raises InputError."""
     if not isinstance(ref, str) or not ref.strip():
-        raise EstimatorError(f"model must be a non-empty string; got {ref!r}")
+        raise InputError(f"model must be a non-empty string; got {ref!r}")
     candidate = Path(ref).expanduser()
     if candidate.is_absolute():
         return str(candidate)
@@ -206,7 +206,7 @@ def resolve_model(ref: str, base_dirs: list[Path]) -> str:
         if (base / candidate).exists():
             return str((base / candidate).resolve())
     if ref.endswith(".json") or ref.startswith("."):
-        raise EstimatorError(f"model config not found: {ref} (looked in {', '.join(map(str, base_dirs))})")
+        raise InputError(f"model config not found: {ref} (looked in {', '.join(map(str, base_dirs))})")
     return ref
 
 
@@ -259,7 +259,7 @@ def _case(values: dict, resolved: dict[str, str]) -> Case:
 
 def _resolve_models(sweep: Sweep) -> dict[str, str]:
     """Raw reference -> resolved reference for every model named in the sweep; an unknown model
-    raises EstimatorError (a sweep with a wrong name is bad input, not a dropped case)."""
+    raises InputError (a sweep with a wrong name is bad input, not a dropped case)."""
     refs = []
     for entry in sweep.grid:
         value = entry.get("model", sweep.defaults.get("model"))
@@ -288,7 +288,7 @@ def expand(sweep: Sweep) -> Expansion:
             try:
                 case = _case(values, resolved)
                 case.workload()
-            except EstimatorError as exc:
+            except InputError as exc:
                 out.drop(what, f"invalid: {exc}")
                 continue
             if case.id in seen:
@@ -338,7 +338,7 @@ def predicted_fit_test(gpu_slug: str, ratio: float, calibration: str = "auto"):
     def test(case: Case) -> str | None:
         try:
             predicted = estimate(case.workload(), gpu_slug, calibration=calibration).memory.device_used_bytes
-        except EstimatorError as exc:
+        except InputError as exc:
             return f"cannot run on {gpu_slug}: {exc}"
         if predicted > ratio * memory_bytes:
             return f"predicted over {ratio:g} x the {gib(memory_bytes):.0f} GiB of {gpu_slug}"

@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from estimator.errors import EstimatorError  # noqa: E402
+from estimator.errors import InputError  # noqa: E402
 from fitting import render, synthetic  # noqa: E402
-from fitting import table as tables  # noqa: E402
+from fitting import calibration_table  # noqa: E402
 from fitting.data import MEASUREMENTS_DIR, QUANTITIES, load  # noqa: E402
 from fitting.pipeline import Fitted, fit_dataset  # noqa: E402
 
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     for folder in folders:
         try:
             data = load(sorted(folder.glob("*.csv")), folder.name)
-        except EstimatorError as exc:
+        except InputError as exc:
             print(f"{folder}: skipped: {exc}\n")
             continue
         if len(data.frame) == 0:
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         kind = "fake-tensor traces (peak allocated only)" if folder.name == "trace" else "GPU measurements"
         print(report(f, f"{folder.name}: {kind} from {folder}"))
         if args.write:
-            path = tables.write(tables.default_path(folder.name), f.table)
+            path = calibration_table.write(calibration_table.default_path(folder.name), f.table)
             print(f"\nwritten: {path}")
         print()
     if not fitted_any:

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # imports): the scripts folder leaves the import path, the repository root takes its place.
 sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "scripts")]
 
-from profiler.trace_grid import TEST_SUBSET, compare, grid, summary  # noqa: E402
+from profiler.trace.grid import TEST_SUBSET, compare, grid, summary  # noqa: E402
 
 MiB = 2**20
 SEVEN_B = ("mistralai/Mistral-7B-v0.1", {"method": "full", "batch": 1, "seq": 2048})

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from estimator.errors import EstimatorError  # noqa: E402
+from estimator.errors import InputError  # noqa: E402
 from estimator import report  # noqa: E402
 from estimator.report import OneLineParser  # noqa: E402
 
@@ -86,24 +86,24 @@ def _trace(args) -> dict:
 
         from profiler.trace import trace
     except ImportError as exc:
-        raise EstimatorError(f"--trace needs torch and transformers installed ({exc})") from None
+        raise InputError(f"--trace needs torch and transformers installed ({exc})") from None
     from estimator.configs import load_config
 
     try:
         return trace(report.workload_from_args(args), load_config(args.model)[0]).to_dict()
     except NotImplementedError as exc:
-        raise EstimatorError(f"--trace: {exc}") from None
+        raise InputError(f"--trace: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.trace and report.trace_request_error(args):
-            raise EstimatorError(report.trace_request_error(args))
+            raise InputError(report.trace_request_error(args))
         result = report.run(args)
         if args.trace:
             result = report.with_trace(result, _trace(args))
-    except EstimatorError as exc:
+    except InputError as exc:
         print(f"estimate.py: error: {exc}", file=sys.stderr)
         return 2
     try:

@@ -34,7 +34,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
-from estimator.errors import EstimatorError  # noqa: E402
+from estimator.errors import InputError  # noqa: E402
 from estimator.report import OneLineParser  # noqa: E402
 from profiler import runner as runner_mod  # noqa: E402
 from profiler import sweep as sweep_mod  # noqa: E402
@@ -98,18 +98,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_args(args) -> None:
     if args.sweep and args.model:
-        raise EstimatorError("give a sweep file or --model, not both")
+        raise InputError("give a sweep file or --model, not both")
     for name in ("gpus", "limit"):
         value = getattr(args, name)
         if value is not None and value <= 0:
-            raise EstimatorError(f"--{name} must be a positive integer; got {value}")
+            raise InputError(f"--{name} must be a positive integer; got {value}")
     if args.timeout is not None and args.timeout <= 0:
-        raise EstimatorError(f"--timeout must be positive seconds; got {args.timeout:g}")
+        raise InputError(f"--timeout must be positive seconds; got {args.timeout:g}")
     if args.gpu:
         from estimator import tables
-        tables.gpu(args.gpu)  # unknown slug: EstimatorError
+        tables.gpu(args.gpu)  # unknown slug: InputError
     if args.calibration not in ("auto", "none") and not Path(args.calibration).is_file():
-        raise EstimatorError(f"calibration file not found: {args.calibration}")
+        raise InputError(f"calibration file not found: {args.calibration}")
 
 
 def _adhoc_sweep(args) -> sweep_mod.Sweep:
@@ -130,7 +130,7 @@ def _expand_adhoc(sweep: sweep_mod.Sweep) -> sweep_mod.Expansion:
     """Expand the ad-hoc sweep; an invalid configuration is bad input here, not a dropped case."""
     expansion = sweep_mod.expand(sweep)
     if not expansion.cases:
-        raise EstimatorError(expansion.dropped[0][1].removeprefix("invalid: "))
+        raise InputError(expansion.dropped[0][1].removeprefix("invalid: "))
     return expansion
 
 
@@ -148,7 +148,7 @@ def _resolve_backend(args, explicit_sweep: bool) -> tuple[str, runner_mod.GpuInf
     if gpu is not None:
         return "cuda", gpu, ""
     if args.backend == "cuda":
-        raise EstimatorError("--backend cuda: no CUDA GPU found (torch.cuda.is_available() is False)")
+        raise InputError("--backend cuda: no CUDA GPU found (torch.cuda.is_available() is False)")
     if explicit_sweep:
         return "trace", None, ("no CUDA GPU found: tracing on the CPU instead (fake tensors: traced "
                                "peak_allocated_bytes; no time, reserved or device memory)")
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args, argv)
-    except EstimatorError as exc:
+    except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

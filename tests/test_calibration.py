@@ -16,7 +16,7 @@ from estimator import calibration as calmod
 from estimator.api import estimate
 from estimator.calibration import SCHEMA, Calibration, resolve, size_bucket
 from estimator.configs import load_spec
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.workload import Workload
 
 MiB, GiB = 2**20, 2**30
@@ -219,7 +219,7 @@ def _write(tmp_path, data, name="t.json"):
 ])
 def test_corrupt_or_foreign_tables_are_refused(tmp_path, bad, message, llama):
     path = _write(tmp_path, bad)
-    with pytest.raises(EstimatorError) as exc:
+    with pytest.raises(InputError) as exc:
         estimate(Workload(llama), GPU, path)
     assert message in str(exc.value)
     assert "\n" not in str(exc.value)
@@ -234,7 +234,7 @@ def test_auto_picks_the_gpu_table_and_refuses_a_foreign_one(tmp_path, monkeypatc
     assert est.calibration.path.endswith(f"{GPU}.json")
     assert est.corrections["cuda_context_bytes"]["from"] == "calibration"
     (tmp_path / "a100-80gb.json").write_text(json.dumps(table()))  # an h100 table under the a100 name
-    with pytest.raises(EstimatorError, match="fitted on h100-80gb, not a100-80gb"):
+    with pytest.raises(InputError, match="fitted on h100-80gb, not a100-80gb"):
         estimate(w, "a100-80gb", "auto")
 
 

@@ -233,7 +233,7 @@ def test_only_configurations_needing_the_missing_package_are_skipped(tmp_path, m
 @pytest.mark.parametrize("text,words", [
     ("{not json", "JSONDecodeError"),
     ('{"model": "x.json", "colour": 1}', "unknown case keys: colour"),
-    ('{"model": "/no/such/config.json"}', "EstimatorError: config file not found: /no/such/config.json"),
+    ('{"model": "/no/such/config.json"}', "InputError: config file not found: /no/such/config.json"),
     ('{"model": "%s", "settings": {"method": "dance"}}' % TINY, "method must be one of"),
     ('[1, 2]', "ValueError: a case is a JSON object (Case.to_json()); got a list"),
 ])

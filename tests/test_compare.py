@@ -106,10 +106,10 @@ def test_percentile_matches_numpy():
 
 
 def test_a_failing_prediction_is_reported_not_hidden():
-    from estimator.errors import EstimatorError
+    from estimator.errors import InputError
 
     def refuse(_row):
-        raise EstimatorError("the row names no GPU (pass --gpu)")
+        raise InputError("the row names no GPU (pass --gpu)")
 
     points = compare_rows([row(peak_allocated_bytes=1000)], refuse)
     p = by_quantity(points)["peak_allocated_bytes"]

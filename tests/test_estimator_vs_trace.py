@@ -1,4 +1,4 @@
-"""The analytic estimator against its oracle, the fake-tensor tracer (profiler.trace_grid).
+"""The analytic estimator against its oracle, the fake-tensor tracer (profiler.trace.grid).
 
 The full grid (77 configurations: 6 families with one MoE; full, LoRA, QLoRA, inference;
 checkpointing on and off; eager and SDPA; 3 batch x sequence sizes; bf16 and AMP) is printed by
@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 
-from profiler.trace_grid import TEST_SUBSET, compare, describe, grid, summary  # noqa: E402
+from profiler.trace.grid import TEST_SUBSET, compare, describe, grid, summary  # noqa: E402
 
 MEDIAN_TOLERANCE = 0.03
 WORST_TOLERANCE = 0.10

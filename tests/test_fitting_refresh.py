@@ -15,7 +15,7 @@ from estimator.api import estimate
 from estimator.calibration import SCHEMA
 from estimator.configs import load_spec
 from estimator.workload import Workload
-from fitting import synthetic, table as tables
+from fitting import calibration_table, synthetic
 from fitting.pipeline import fit_files
 from fitting.refresh import NEW_LABEL, refresh
 
@@ -46,7 +46,7 @@ def test_built_table_is_valid_and_read_by_the_estimator(fitted, tmp_path):
     assert set(t["cv_error"]["peak_allocated_bytes"]) >= {"median_abs", "p90_abs", "under_rate", "points",
                                                          "uncalibrated"}
     assert t["range"]["params_total"][0] <= t["range"]["params_total"][1]
-    path = tables.write(tmp_path / f"{GPU}.json", t)
+    path = calibration_table.write(tmp_path / f"{GPU}.json", t)
     est = estimate(Workload(load_spec("llama-3.2-1b"), method="lora", seq=1024), GPU, str(path))
     assert est.corrections["activation_scale"]["from"].startswith("calibration")
     assert est.device_used_upper_bytes >= est.memory.device_used_bytes
@@ -54,32 +54,32 @@ def test_built_table_is_valid_and_read_by_the_estimator(fitted, tmp_path):
 
 
 def test_write_is_atomic_and_refuses_invalid_tables(fitted, tmp_path):
-    path = tables.write(tmp_path / "t.json", fitted.table)
+    path = calibration_table.write(tmp_path / "t.json", fitted.table)
     before = path.read_text()
     broken = json.loads(before)
     broken["factors"]["logits_scale"] = 99.0
-    with pytest.raises(tables.TableError, match="logits_scale"):
-        tables.write(path, broken)
+    with pytest.raises(calibration_table.TableError, match="logits_scale"):
+        calibration_table.write(path, broken)
     broken["factors"]["logits_scale"] = float("nan")
-    with pytest.raises(tables.TableError):
-        tables.write(path, broken)
+    with pytest.raises(calibration_table.TableError):
+        calibration_table.write(path, broken)
     assert path.read_text() == before  # untouched
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left behind
 
 
 def test_read_refuses_corrupt_and_foreign_tables(fitted, tmp_path):
-    assert tables.read(tmp_path / "absent.json", GPU) is None
+    assert calibration_table.read(tmp_path / "absent.json", GPU) is None
     corrupt = tmp_path / "c.json"
     corrupt.write_text('{"schema": "gpu-budget-calibration/2", "gpu": ')
-    with pytest.raises(tables.TableError, match="is corrupt"):
-        tables.read(corrupt, GPU)
-    foreign = tables.write(tmp_path / "f.json", fitted.table)
-    with pytest.raises(tables.TableError, match="fitted on h100-80gb, not a100-80gb"):
-        tables.read(foreign, "a100-80gb")
+    with pytest.raises(calibration_table.TableError, match="is corrupt"):
+        calibration_table.read(corrupt, GPU)
+    foreign = calibration_table.write(tmp_path / "f.json", fitted.table)
+    with pytest.raises(calibration_table.TableError, match="fitted on h100-80gb, not a100-80gb"):
+        calibration_table.read(foreign, "a100-80gb")
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"schema": "gpu-budget-calibration/1", "factors": {}}))
-    with pytest.raises(tables.TableError, match="retired schema"):
-        tables.read(old, GPU)
+    with pytest.raises(calibration_table.TableError, match="retired schema"):
+        calibration_table.read(old, GPU)
 
 
 def _layout(tmp_path):
@@ -134,7 +134,7 @@ def test_refresh_refuses_a_corrupt_or_foreign_table(runs, tmp_path):
     table_path, meas = _layout(tmp_path)
     table_path.parent.mkdir(parents=True)
     table_path.write_text("{corrupt")
-    with pytest.raises(tables.TableError, match="corrupt"):
+    with pytest.raises(calibration_table.TableError, match="corrupt"):
         refresh([runs[0]], GPU, table_path, write=True, measurements_dir=meas)
     assert table_path.read_text() == "{corrupt"
     other = refresh([runs[0]], "a100-80gb", tmp_path / "a100.json", write=False, measurements_dir=meas)

@@ -170,15 +170,15 @@ def test_parquet_round_trip_when_pyarrow_is_installed(tmp_path):
 def test_parquet_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
     import sys
 
-    from estimator.errors import EstimatorError
+    from estimator.errors import InputError
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
-    with pytest.raises(EstimatorError, match="pyarrow"):
+    with pytest.raises(InputError, match="pyarrow"):
         RunStore(tmp_path, "parquet")
 
 
 def test_resuming_in_the_other_format_is_refused(tmp_path):
-    from estimator.errors import EstimatorError
+    from estimator.errors import InputError
 
     RunStore(tmp_path).put("a", [row("a")])
-    with pytest.raises(EstimatorError, match="results.csv"):
+    with pytest.raises(InputError, match="results.csv"):
         RunStore(tmp_path, "parquet")

@@ -12,7 +12,7 @@ import pytest
 
 from estimator import tables
 from estimator.api import estimate
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from profiler.sweep import (CPU_SWEEP, DEFAULT_SWEEP, ROOT, expand, gpu_count_test, keep_if, load_sweep,
                             predicted_fit_test)
 
@@ -170,7 +170,7 @@ def test_model_paths_resolve_against_the_sweep_folder_then_the_repo_root(tmp_pat
 ])
 def test_bad_files_give_one_clear_line(folder, name, text, words):
     path = write(folder / name, text)
-    with pytest.raises(EstimatorError) as err:
+    with pytest.raises(InputError) as err:
         expand(load_sweep(path))
     message = str(err.value)
     assert "\n" not in message
@@ -179,7 +179,7 @@ def test_bad_files_give_one_clear_line(folder, name, text, words):
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(EstimatorError, match="sweep file not found"):
+    with pytest.raises(InputError, match="sweep file not found"):
         load_sweep(tmp_path / "nope.yaml")
 
 

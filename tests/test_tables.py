@@ -13,7 +13,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from estimator import tables  # noqa: E402
-from estimator.errors import EstimatorError  # noqa: E402
+from estimator.errors import InputError  # noqa: E402
 
 REQUIRED_SLUGS = [
     "a100-80gb", "a100-80gb-pcie", "a100-40gb", "a100-40gb-pcie", "h100-80gb", "h100-80gb-pcie",
@@ -58,19 +58,19 @@ def test_bf16_absent_on_v100_and_t4():
     for slug in ("v100-16gb", "v100-32gb", "t4-16gb"):
         spec = tables.gpu(slug)
         assert spec.bf16_dense_tflops is None
-        with pytest.raises(EstimatorError, match="fp16"):
+        with pytest.raises(InputError, match="fp16"):
             spec.dense_tflops("bf16")
         assert spec.dense_tflops("fp16") > 0
 
 
 def test_unknown_dtype_and_gpu():
-    with pytest.raises(EstimatorError, match="known:"):
+    with pytest.raises(InputError, match="known:"):
         tables.gpu("b900")
-    with pytest.raises(EstimatorError):
+    with pytest.raises(InputError):
         tables.gpu("a100-80gb").dense_tflops("fp64")
-    with pytest.raises(EstimatorError):
+    with pytest.raises(InputError):
         tables.interconnect("smoke-signals")
-    with pytest.raises(EstimatorError):
+    with pytest.raises(InputError):
         tables.dtype_bytes("fp3")
 
 
@@ -107,7 +107,7 @@ def test_every_price_positive_and_every_gpu_priced():
 
 def test_price_by_provider():
     assert tables.price("h100-80gb", provider="AWS").provider == "aws"
-    with pytest.raises(EstimatorError, match="provider"):
+    with pytest.raises(InputError, match="provider"):
         tables.price("h100-80gb", provider="nowhere")
 
 
@@ -120,7 +120,7 @@ def test_user_price_file_overrides(tmp_path):
     assert (p.provider, p.usd_per_gpu_hour) == ("mycloud", 0.5)
     assert len(tables.prices(str(f))) == 2
     assert tables.price("a100-80gb").provider != "mycloud"   # shipped table untouched
-    with pytest.raises(EstimatorError, match="no on-demand price for 'h100-80gb'"):
+    with pytest.raises(InputError, match="no on-demand price for 'h100-80gb'"):
         tables.price("h100-80gb", path=str(f))
     # Editing the file is seen on the next call.
     f.write_text(PRICE_HEADER + "a100-80gb,mycloud,0.75,on-demand,my contract v2,2026-02-03\n")
@@ -139,7 +139,7 @@ def test_user_price_file_overrides(tmp_path):
 def test_malformed_price_file_names_file_row_column(tmp_path, body, row, column):
     f = tmp_path / "bad.csv"
     f.write_text(PRICE_HEADER + body)
-    with pytest.raises(EstimatorError) as err:
+    with pytest.raises(InputError) as err:
         tables.prices(str(f))
     msg = str(err.value)
     assert str(f) in msg and f"row {row}" in msg and f"'{column}'" in msg
@@ -148,12 +148,12 @@ def test_malformed_price_file_names_file_row_column(tmp_path, body, row, column)
 def test_bad_header(tmp_path):
     f = tmp_path / "bad_header.csv"
     f.write_text("slug,provider,price,pricing,source,date\na100-80gb,x,1,on-demand,x,2026-01-02\n")
-    with pytest.raises(EstimatorError, match=r"bad_header\.csv: row 1: header"):
+    with pytest.raises(InputError, match=r"bad_header\.csv: row 1: header"):
         tables.price("a100-80gb", path=str(f))
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(EstimatorError, match="cannot read"):
+    with pytest.raises(InputError, match="cannot read"):
         tables.prices(str(tmp_path / "nope.csv"))
 
 
@@ -170,7 +170,7 @@ def _copy_gpus(tmp_path, edit):
 def test_unknown_interconnect_names_row(tmp_path):
     col = tables.GPU_COLUMNS.index("intra_node_interconnect")
     path = _copy_gpus(tmp_path, lambda rows: rows[3].__setitem__(col, "nvlink9"))
-    with pytest.raises(EstimatorError, match=r"row 4, column 'intra_node_interconnect'.*nvlink9"):
+    with pytest.raises(InputError, match=r"row 4, column 'intra_node_interconnect'.*nvlink9"):
         tables._load_gpus(path)
 
 
@@ -183,7 +183,7 @@ def test_unknown_interconnect_names_row(tmp_path):
 def test_malformed_gpu_rows(tmp_path, column, value, problem):
     col = tables.GPU_COLUMNS.index(column)
     path = _copy_gpus(tmp_path, lambda rows: rows[2].__setitem__(col, value))
-    with pytest.raises(EstimatorError, match=rf"row 3, column '{column}'.*{problem}"):
+    with pytest.raises(InputError, match=rf"row 3, column '{column}'.*{problem}"):
         tables._load_gpus(path)
 
 
@@ -201,14 +201,14 @@ def test_mfu_defaults():
         assert 0 < tables.mfu_default(method, "t4-16gb").mfu < 1   # every method has a '*' row
     assert tables.mfu_default("full", "a100-80gb").gpu_slug == "a100-80gb"
     assert tables.mfu_default("full", "rtx3090-24gb").gpu_slug == "*"
-    with pytest.raises(EstimatorError, match="methods"):
+    with pytest.raises(InputError, match="methods"):
         tables.mfu_default("dpo", "a100-80gb")
 
 
 def test_mfu_of_one_is_rejected(tmp_path):
     f = tmp_path / "mfu.csv"
     f.write_text("method,gpu_slug,mfu,source,date\nfull,*,1.0,x,2026-01-02\n")
-    with pytest.raises(EstimatorError, match=r"row 2, column 'mfu'"):
+    with pytest.raises(InputError, match=r"row 2, column 'mfu'"):
         tables._load_mfu(f)
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from estimator.memory import estimate_memory, inference_kv_bytes, kv_dtype_bytes  # noqa: E402
 from profiler.case import Case  # noqa: E402
 from profiler.trace import trace, trace_row  # noqa: E402
-from profiler.trace_tracker import GRANULE, LiveBytes, rounded  # noqa: E402
+from profiler.trace.tracker import GRANULE, LiveBytes, rounded  # noqa: E402
 
 LLAMA = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 176,
          "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -48,7 +48,7 @@ def configs(tmp_path_factory):
 def _params(case):
     """The model as the tracer builds it, materialised with real (CPU) tensors."""
     from profiler.build import build_model
-    from profiler.trace import _materialize
+    from profiler.trace.step import _materialize
 
     model = build_model(case.config(), case.workload(), "meta")
     _materialize(model, "cpu")
@@ -144,8 +144,8 @@ def test_extrapolation_equals_a_full_trace(configs, name, settings):
 def _real_cpu_peak(case) -> int:
     """The same step on real CPU tensors, counted by the same tracker."""
     from profiler.build import build_model, make_batch, make_optimizer
-    from profiler.trace import _register, _warm_up
-    from profiler.trace_patches import tracing_patches
+    from profiler.trace.step import _register, _warm_up
+    from profiler.trace.patches import tracing_patches
     from profiler.steps import train_step
 
     w = case.workload()

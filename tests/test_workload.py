@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from estimator.model import spec_from_config
 from estimator.workload import Workload
 
@@ -82,7 +82,7 @@ def test_frozen():
 def test_with_validates():
     w = Workload(model=TINY)
     assert w.with_(batch=8).batch == 8
-    with pytest.raises(EstimatorError):
+    with pytest.raises(InputError):
         w.with_(batch=0)
 
 
@@ -158,7 +158,7 @@ INVALID = {
 
 @pytest.mark.parametrize("case", sorted(INVALID))
 def test_validate_rejects(case):
-    with pytest.raises(EstimatorError) as info:
+    with pytest.raises(InputError) as info:
         Workload(model=TINY, **INVALID[case]).validate()
     message = str(info.value)
     assert message and "\n" not in message  # one line a user can act on
@@ -167,6 +167,6 @@ def test_validate_rejects(case):
 def test_tp_must_fit_kv_heads():
     # 12 heads, 3 kv heads: tp=4 divides the heads but neither divides nor is a multiple of 3 kv heads
     spec = spec_from_config({**CFG, "hidden_size": 96, "num_attention_heads": 12, "num_key_value_heads": 3}, "t")
-    with pytest.raises(EstimatorError):
+    with pytest.raises(InputError):
         Workload(model=spec, tp=4, gpus=4).validate()
     assert Workload(model=spec, tp=3, gpus=3).validate().tp == 3

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from estimator.calibration import SCHEMA, TRACE_GPU, table_path, validate_table
-from estimator.errors import EstimatorError
+from estimator.errors import InputError
 from fitting.cv import CvResult
 from fitting.data import QUANTITIES, VERSION_COLUMNS, Dataset
 from fitting.models import Fit
@@ -25,7 +25,7 @@ FITTER = ("fitting.models: bounded robust least squares (soft-L1, 2 % scale) for
           "medians for context, non-PyTorch bytes and MFU; fitting.cv: leave-one-model-out")
 
 
-class TableError(EstimatorError):
+class TableError(InputError):
     """A table that cannot be used or written (corrupt, foreign, invalid)."""
 
 
@@ -107,7 +107,7 @@ def validate(table: dict, path="<new table>", gpu: str | None = None) -> dict:
     """The table, or TableError with the estimator's one-line reason."""
     try:
         validate_table(table, path, gpu)
-    except EstimatorError as exc:
+    except InputError as exc:
         raise TableError(str(exc)) from None
     return table
 

@@ -12,7 +12,7 @@ warm-up. Inference traces one request: prefill (`logits_to_keep=1`) and `new_tok
 steps.
 
 Speed: a few layers are traced and the result extrapolated linearly per layer kind
-(`profiler.trace_layers`); `layers=n` traces the first n layers instead, with no extrapolation.
+(`profiler.trace.layers`); `layers=n` traces the first n layers instead, with no extrapolation.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 
 from estimator.workload import Workload
-from profiler import trace_layers as tl
+from profiler.trace import layers as tl
 
 TRAIN_PHASES = ("forward", "backward", "optimizer")
 INFERENCE_PHASES = ("prefill", "decode")
@@ -171,8 +171,8 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from profiler.build import build_model, make_batch, make_optimizer
-    from profiler.trace_patches import kv_cache_tagging, tracing_patches
-    from profiler.trace_tracker import LiveBytes
+    from profiler.trace.patches import kv_cache_tagging, tracing_patches
+    from profiler.trace.tracker import LiveBytes
 
     layers = _layer_count(cfg)
     model = build_model(cfg, _buildable(w), "meta")
@@ -216,7 +216,7 @@ def _warm_up(model, optimizer, w: Workload) -> None:
     import torch
 
     if w.quant in ("nf4", "fp4"):
-        from profiler.trace_qlora import stand_in_class
+        from profiler.trace.qlora import stand_in_class
 
         for module in model.modules():
             if isinstance(module, stand_in_class()) and module.bias is not None:
