@@ -1,28 +1,35 @@
 """Measure steps: warm up, reset the peaks, time N steps, read the peaks; then rates and MFU.
 
 A step is a list of *phases* (callables run in order: one for training, prefill and decode for
-inference), so each phase is timed on its own. On cuda the clock is CUDA events, read after one
-synchronize at the end; on cpu it is `time.perf_counter`. During the timed steps a background
-thread samples host RSS (psutil) and, when given, NVML device used memory (profiler.nvml).
+inference), so each phase is timed on its own. `run` returns a `Measurement` (in the spirit of
+`torch.utils.benchmark`'s Timer -> Measurement): the median step time, its spread, the number of
+timed steps, warnings about the timings, and each memory peak under its own name.
 
-Units: seconds float, bytes int. Every CUDA quantity is None on cpu ("not measured", never 0:
-without a GPU `torch.cuda.max_memory_allocated()` silently returns 0).
+Every reading comes from `profiler.device`: on cuda the clock is CUDA events, read after one
+synchronize at the end, and the allocator's peaks; on cpu the clock is `time.perf_counter`.
+During the timed steps a background thread samples host RSS and, when given, NVML device used
+memory (`profiler.device.nvml.PeakSampler`).
+
+Units: seconds float, bytes int. Every CUDA quantity is None on cpu ("not measured", never 0).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from estimator import tables
 from estimator.errors import InputError
 from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
 from estimator.workload import Workload
-from profiler.nvml import PeakSampler, Probe
+from profiler.device import clock_for, cuda, host
+from profiler.device.nvml import PeakSampler, Probe
 
 Phase = Callable[[], None]
+
+NOISY_SPREAD = 0.10  # (max - min) / median above which the timings are flagged as noisy
+FEW_STEPS = 3        # fewer timed steps than this: the spread says little
 
 
 # ---------------------------------------------------------------- statistics
@@ -49,48 +56,18 @@ def step_stats(durations_s: Sequence[float]) -> StepStats:
     return StepStats(median, lo, hi, (hi - lo) / median)
 
 
-# ---------------------------------------------------------------- clocks
+def timing_warnings(stats: StepStats, steps: int) -> tuple[str, ...]:
+    """What makes the timings less trustworthy: few timed steps, a wide spread."""
+    out = []
+    if steps < FEW_STEPS:
+        out.append(f"only {steps} timed step(s): the spread says little")
+    if stats.spread > NOISY_SPREAD:
+        out.append(f"noisy timings: slowest and fastest step differ by {100 * stats.spread:.0f}% "
+                   f"of the median ({stats.min_s:.4g}-{stats.max_s:.4g} s)")
+    return tuple(out)
 
 
-class CpuClock:
-    """Wall clock marks (perf_counter seconds)."""
-
-    def mark(self) -> float:
-        return time.perf_counter()
-
-    def sync(self) -> None:
-        pass
-
-    def elapsed_s(self, start: float, end: float) -> float:
-        return end - start
-
-
-class CudaClock:
-    """CUDA event marks on the current stream of `device`; read after `sync()`."""
-
-    def __init__(self, device: str):
-        import torch
-
-        self.device = torch.device(device)
-
-    def mark(self):
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
-    def sync(self) -> None:
-        import torch
-
-        torch.cuda.synchronize(self.device)
-
-    def elapsed_s(self, start, end) -> float:
-        return start.elapsed_time(end) / 1e3  # CUDA events give milliseconds
-
-
-def clock_for(device: str):
-    return CudaClock(device) if device.startswith("cuda") else CpuClock()
+# ---------------------------------------------------------------- timing
 
 
 def time_phases(phases: Sequence[Phase], steps: int, clock) -> list[list[float]]:
@@ -106,33 +83,7 @@ def time_phases(phases: Sequence[Phase], steps: int, clock) -> list[list[float]]
     return [[clock.elapsed_s(a, b) for a, b in zip(m, m[1:])] for m in marks]
 
 
-# ---------------------------------------------------------------- memory readings
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (bytes)."""
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
-
-
-def reset_cuda_peaks(device: str) -> None:
-    """Synchronize and reset the allocator's peak statistics (cuda only; no-op on cpu)."""
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def cuda_peaks(device: str) -> dict:
-    """peak_allocated_bytes and peak_reserved_bytes since the last reset; None on cpu."""
-    if not device.startswith("cuda"):
-        return {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
-    import torch
-
-    return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)) or None,
-            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)) or None}
+# ---------------------------------------------------------------- weights
 
 
 def weights_bytes(model, device: str | None = None) -> int | None:
@@ -169,24 +120,64 @@ def _stored_beside(p) -> list:
 # ---------------------------------------------------------------- the measurement
 
 
-def run(phases: Sequence[Phase], warmup: int, steps: int, device: str,
-        device_used: Probe | None = None) -> dict:
-    """Warm up, reset peaks, time `steps` steps; record columns measured by the run.
+@dataclass(frozen=True)
+class Measurement:
+    """What one `run` measured. Times in seconds over `steps` timed steps (whole step: every phase);
+    memory peaks in bytes, each the quantity its name says and None where it was not measured:
 
-    Returns step_s, step_s_min, step_s_max, step_spread (whole step), phase_s (median per phase),
-    peak_allocated_bytes, peak_reserved_bytes, device_used_bytes, host_rss_bytes.
+    - peak_allocated_bytes, peak_reserved_bytes: the CUDA caching allocator's peaks over the
+      timed steps (`max_memory_allocated`, `max_memory_reserved`); None on cpu;
+    - device_used_bytes: NVML used memory sampled during the timed steps (None without a probe);
+    - host_rss_bytes: this process's resident memory sampled during the timed steps;
+    - context_bytes: the CUDA context, measured once when the device was opened (before the run)
+      and recorded with it; None when not given.
     """
+
+    step_s: float                      # median
+    step_s_min: float
+    step_s_max: float
+    steps: int
+    phase_s: tuple[float, ...]         # median of each phase
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    device_used_bytes: int | None = None
+    host_rss_bytes: int | None = None
+    context_bytes: int | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def step_spread(self) -> float:
+        """(slowest - fastest) / median of the timed steps."""
+        return (self.step_s_max - self.step_s_min) / self.step_s
+
+    def columns(self) -> dict:
+        """The record columns this measurement fills (profiler.record; phase_s and warnings are
+        not columns)."""
+        return {"step_s": self.step_s, "step_s_min": self.step_s_min, "step_s_max": self.step_s_max,
+                "step_spread": self.step_spread, "peak_allocated_bytes": self.peak_allocated_bytes,
+                "peak_reserved_bytes": self.peak_reserved_bytes, "device_used_bytes": self.device_used_bytes,
+                "host_rss_bytes": self.host_rss_bytes, "context_bytes": self.context_bytes}
+
+
+def run(phases: Sequence[Phase], warmup: int, steps: int, device: str,
+        device_used: Probe | None = None, context_bytes: int | None = None) -> Measurement:
+    """Warm up, reset the peaks, time `steps` steps of `phases` on `device` while sampling host
+    RSS and `device_used` (an NVML probe, or None), then read the allocator's peaks.
+    `context_bytes` (measured when the device was opened) is recorded as given."""
     for _ in range(warmup):
         for phase in phases:
             phase()
-    reset_cuda_peaks(device)
-    with PeakSampler({"host_rss_bytes": rss_bytes, "device_used_bytes": device_used}) as sampler:
+    cuda.reset_peaks(device)
+    with PeakSampler({"host_rss_bytes": host.rss_bytes, "device_used_bytes": device_used}) as sampler:
         durations = time_phases(phases, steps, clock_for(device))
     stats = step_stats([sum(d) for d in durations])
-    return {"step_s": stats.median_s, "step_s_min": stats.min_s, "step_s_max": stats.max_s,
-            "step_spread": stats.spread,
-            "phase_s": [statistics.median(d[i] for d in durations) for i in range(len(phases))],
-            **cuda_peaks(device), **sampler.peaks}
+    allocator = cuda.peaks(device)
+    return Measurement(
+        step_s=stats.median_s, step_s_min=stats.min_s, step_s_max=stats.max_s, steps=len(durations),
+        phase_s=tuple(float(statistics.median(d[i] for d in durations)) for i in range(len(phases))),
+        peak_allocated_bytes=allocator.allocated_bytes, peak_reserved_bytes=allocator.reserved_bytes,
+        device_used_bytes=sampler.peaks["device_used_bytes"], host_rss_bytes=sampler.peaks["host_rss_bytes"],
+        context_bytes=context_bytes, warnings=timing_warnings(stats, len(durations)))
 
 
 def inference_split(w: Workload, phase_s: Sequence[float]) -> dict:

@@ -11,12 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
-pytest.importorskip("bitsandbytes")
-
-from profiler.trace.grid import TEST_SUBSET, compare, describe, grid, summary  # noqa: E402
+from profiler.trace.grid import TEST_SUBSET, compare, describe, grid, summary
 
 MEDIAN_TOLERANCE = 0.03
 WORST_TOLERANCE = 0.10

@@ -18,6 +18,7 @@ from estimator.workload import Workload
 from fitting import calibration_table, synthetic
 from fitting.pipeline import fit_files
 from fitting.refresh import NEW_LABEL, refresh
+from profiler.store import RunStore
 
 GPU = "h100-80gb"
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,10 +194,7 @@ def test_a_grown_results_file_is_not_counted_twice(runs, tmp_path):
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_refresh_reads_the_profiler_run_store(tmp_path, fmt):
     """The run folder profile.py writes (profiler.store.RunStore) is what a refresh reads."""
-    store_mod = pytest.importorskip("profiler.store")
-    if fmt == "parquet":
-        pytest.importorskip("pyarrow")
-    store = store_mod.RunStore(tmp_path / "runs" / "h100-run", fmt=fmt)
+    store = RunStore(tmp_path / "runs" / "h100-run", fmt=fmt)
     rows = synthetic.rows(GPU, noise=0.01, seed=9, models=("llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b"))
     by_id: dict = {}
     for row in rows:

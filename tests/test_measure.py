@@ -1,13 +1,17 @@
-"""Measurement helpers on synthetic inputs: step statistics, phase timing, the cpu path (every CUDA
-quantity None, never 0), NVML absent or hiding this process, peak sampling, tokens/s and MFU,
-weights bytes, the environment and the GPU table match."""
+"""Measurement helpers on synthetic inputs: step statistics, phase timing, the Measurement `run`
+returns (the cpu path: every CUDA quantity None, never 0), the device package (allocator peaks,
+NVML absent or hiding this process, peak sampling), tokens/s and MFU, weights bytes, the
+environment and the GPU table match."""
 
+import ast
 import os
 import socket
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
+import pynvml
 import pytest
 import torch
 
@@ -15,7 +19,8 @@ from estimator import tables
 from estimator.configs import load_spec
 from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
 from estimator.workload import Workload
-from profiler import env, measure, nvml, record
+from profiler import device, env, measure, record
+from profiler.device import cuda, host, nvml
 
 TINY = "tests/data/tiny-llama.json"
 
@@ -74,9 +79,10 @@ def test_time_phases_times_each_phase_of_each_step_and_syncs_once():
 
 
 def test_cpu_clock_measures_real_time():
-    out = measure.time_phases([lambda: time.sleep(0.02)], 2, measure.CpuClock())
+    out = measure.time_phases([lambda: time.sleep(0.02)], 2, host.CpuClock())
     assert all(0.015 < d[0] < 1.0 for d in out)
-    assert isinstance(measure.clock_for("cpu"), measure.CpuClock)
+    assert isinstance(device.clock_for("cpu"), host.CpuClock)
+    assert device.is_cuda("cuda:1") and device.is_cuda("cuda") and not device.is_cuda("cpu")
 
 
 def test_run_on_cpu_warms_up_times_and_leaves_cuda_quantities_unmeasured():
@@ -87,26 +93,75 @@ def test_run_on_cpu_warms_up_times_and_leaves_cuda_quantities_unmeasured():
         time.sleep(0.005)
 
     out = measure.run([step], warmup=2, steps=4, device="cpu")
-    assert counter["n"] == 6
-    for name in ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes"):
-        assert out[name] is None, name
-    assert isinstance(out["host_rss_bytes"], int) and out["host_rss_bytes"] > 10_000_000
-    assert out["step_s_min"] <= out["step_s"] <= out["step_s_max"]
-    assert out["step_s"] >= 0.004
-    assert len(out["phase_s"]) == 1
+    assert isinstance(out, measure.Measurement)
+    assert counter["n"] == 6 and out.steps == 4
+    for name in ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "context_bytes"):
+        assert getattr(out, name) is None, name
+    assert isinstance(out.host_rss_bytes, int) and out.host_rss_bytes > 10_000_000
+    assert out.step_s_min <= out.step_s <= out.step_s_max
+    assert out.step_s >= 0.004
+    assert len(out.phase_s) == 1
+
+
+def test_run_records_each_phase_and_the_context_it_is_given():
+    out = measure.run([lambda: time.sleep(0.002), lambda: time.sleep(0.02)], warmup=0, steps=3,
+                      device="cpu", device_used=lambda: 5 * 2**30, context_bytes=500 * 2**20)
+    assert len(out.phase_s) == 2 and out.phase_s[1] > out.phase_s[0]
+    assert out.device_used_bytes == 5 * 2**30 and out.context_bytes == 500 * 2**20
+
+
+def _measurement(**kw) -> measure.Measurement:
+    base = dict(step_s=0.2, step_s_min=0.19, step_s_max=0.21, steps=5, phase_s=(0.2,))
+    return measure.Measurement(**{**base, **kw})
+
+
+def test_measurement_columns_are_the_record_columns_it_fills():
+    m = _measurement(peak_allocated_bytes=3 * 2**30, host_rss_bytes=2**30)
+    cols = m.columns()
+    assert set(cols) < set(record.COLUMN_NAMES)
+    assert cols["step_spread"] == pytest.approx(0.02 / 0.2) == m.step_spread
+    assert cols["peak_allocated_bytes"] == 3 * 2**30 and cols["host_rss_bytes"] == 2**30
+    assert cols["peak_reserved_bytes"] is None and cols["device_used_bytes"] is None
+    assert cols["context_bytes"] is None
+    assert "phase_s" not in cols and "warnings" not in cols
+
+
+def test_timing_warnings_flag_few_steps_and_a_wide_spread():
+    steady = measure.step_stats([0.20, 0.21, 0.19, 0.20])
+    assert measure.timing_warnings(steady, 4) == ()
+    noisy = measure.step_stats([0.20, 0.30, 0.19, 0.20])
+    (warning,) = measure.timing_warnings(noisy, 4)
+    assert "noisy" in warning and "55%" in warning
+    assert "2 timed step" in measure.timing_warnings(measure.step_stats([0.2, 0.2]), 2)[0]
+
+
+def test_run_warns_about_noisy_timings():
+    pauses = iter([0.001, 0.001, 0.001, 0.03] + [0.001] * 100)
+    out = measure.run([lambda: time.sleep(next(pauses))], warmup=0, steps=4, device="cpu")
+    assert any("noisy" in w for w in out.warnings), out
 
 
 def test_cpu_peaks_are_none_not_zero():
     # Without a GPU torch.cuda.max_memory_allocated() silently returns 0: never report it.
-    assert measure.cuda_peaks("cpu") == {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
-    measure.reset_cuda_peaks("cpu")  # no-op; the CUDA call would raise AttributeError here
+    assert cuda.peaks("cpu") == cuda.AllocatorPeaks(allocated_bytes=None, reserved_bytes=None)
+    cuda.reset_peaks("cpu")  # no-op; the CUDA call would raise AttributeError here
 
 
 def test_rss_bytes_sees_a_large_allocation():
-    before = measure.rss_bytes()
+    before = host.rss_bytes()
     block = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
-    assert measure.rss_bytes() - before > 48 * 2**20
+    assert host.rss_bytes() - before > 48 * 2**20
     del block
+
+
+def test_measure_reads_the_device_only_through_profiler_device():
+    """profiler.device is the one home of the code that talks to the device."""
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "profiler" / "measure.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not imported & {"pynvml", "psutil", "time"}, imported
+    uses = {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not [u for u in uses if u.startswith("torch.cuda")], uses
 
 
 # ---------------------------------------------------------------- NVML and sampling
@@ -156,7 +211,6 @@ def test_used_probe_prefers_this_process_else_the_device():
 
 
 def test_process_used_bytes_matches_our_pid_only(monkeypatch):
-    pynvml = pytest.importorskip("pynvml")
     procs = [SimpleNamespace(pid=os.getpid() + 1, usedGpuMemory=5 * 2**30),
              SimpleNamespace(pid=os.getpid(), usedGpuMemory=2 * 2**30)]
     monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda h: procs)

@@ -11,14 +11,14 @@ import json
 import math
 
 import pytest
+import torch
+from torch.distributed._tools.mem_tracker import _MemRefType
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from estimator.memory import estimate_memory, inference_kv_bytes, kv_dtype_bytes  # noqa: E402
-from profiler.case import Case  # noqa: E402
-from profiler.trace import trace, trace_row  # noqa: E402
-from profiler.trace.tracker import GRANULE, LiveBytes, rounded  # noqa: E402
+from estimator.memory import estimate_memory, inference_kv_bytes, kv_dtype_bytes
+from profiler.case import Case
+from profiler.trace import trace, trace_row
+from profiler.trace import tracker as tk
+from profiler.trace.tracker import GRANULE, LiveBytes, rounded
 
 LLAMA = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 176,
          "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -75,28 +75,44 @@ def test_parameters_gradients_optimizer_states_are_exact(configs, settings):
     model = _params(case)
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
-    assert r.by_category["parameters"] == _bytes(params)
-    assert r.category_max["gradients"] == _bytes(trainable)
+    assert r.by_category["Parameter"] == _bytes(params)
+    assert r.category_max["Gradient"] == _bytes(trainable)
     # AdamW: exp_avg and exp_avg_sq like each parameter, plus a scalar fp32 `step` per parameter
     states = 2 * _bytes(trainable) + len(trainable) * GRANULE
-    assert r.category_max["optimizer_states"] == states
+    assert r.category_max["Optstate"] == states
     # the estimator's exact counts, within the allocator's rounding (one granule per tensor)
     m = estimate_memory(w, 0.0, 0)
-    assert abs(r.by_category["parameters"] - m.weights_bytes) <= GRANULE * len(params)
-    assert abs(r.category_max["gradients"] - m.gradients_bytes) <= GRANULE * len(trainable)
-    assert abs(r.category_max["optimizer_states"] - m.optimizer_states_bytes) <= 3 * GRANULE * len(trainable)
+    assert abs(r.by_category["Parameter"] - m.weights_bytes) <= GRANULE * len(params)
+    assert abs(r.category_max["Gradient"] - m.gradients_bytes) <= GRANULE * len(trainable)
+    assert abs(r.category_max["Optstate"] - m.optimizer_states_bytes) <= 3 * GRANULE * len(trainable)
+
+
+def test_categories_are_named_as_pytorch_memtracker_names_them():
+    """The installed torch's MemTracker (`_MemRefType`) names the shared categories."""
+    assert (tk.PARAMETER, tk.BUFFER, tk.GRADIENT, tk.ACTIVATION, tk.TEMP, tk.OPTSTATE) == (
+        _MemRefType.PARAM.value, _MemRefType.BUFFER.value, _MemRefType.GRAD.value,
+        _MemRefType.ACT.value, _MemRefType.TEMP.value, _MemRefType.OPT.value)
+    assert len(set(tk.CATEGORIES)) == len(tk.CATEGORIES) == 9
+    ours = set(tk.CATEGORIES) - {m.value for m in _MemRefType}
+    assert ours == {tk.INPUT, tk.KV_CACHE, tk.OPTIMIZER_TEMP}
+
+
+def test_a_training_trace_files_every_kind_of_storage(configs):
+    case = Case(configs["llama"], dict(batch=2, seq=32))
+    r = trace(case, layers=2)
+    seen = set(r.category_max)
+    assert {"Parameter", "Gradient", "Optstate", "Activation", "Temp", "Input"} <= seen, seen
+    assert r.saved_activations_bytes == r.phase_start["backward"]["Activation"] > 0
 
 
 def test_qlora_storage_matches_bitsandbytes_layout(configs):
     """NF4 with double quantization: packed uint8 + uint8 absmax per 64 + fp32 per 256 blocks, the
     rest (embeddings, norms, lm_head) upcast to fp32 by peft's kbit preparation."""
-    pytest.importorskip("bitsandbytes")
-    pytest.importorskip("peft")
     case = Case(configs["llama"], dict(method="qlora", quant="nf4", batch=1, seq=32))
     w = case.workload()
     r = trace(case, layers=w.model.num_layers)
     m = estimate_memory(w, 0.0, 0)
-    stored = r.by_category["parameters"] + r.by_category.get("buffers", 0)
+    stored = r.by_category["Parameter"] + r.by_category.get("Buffer", 0)
     tensors = 7 * w.model.num_layers * 6 + 4 * w.model.num_layers + 4   # per linear: 6 tensors
     assert abs(stored - m.weights_bytes) <= GRANULE * tensors
     assert stored > 0.99 * m.weights_bytes
@@ -115,7 +131,7 @@ def test_kv_cache_equals_the_formula(configs, name, settings):
     r = trace(case, layers=w.model.num_layers)
     expected = inference_kv_bytes(w.model, w.batch, w.seq, w.new_tokens, kv_dtype_bytes(w))
     tensors = 2 * w.model.num_layers
-    assert expected <= r.category_max["kv_cache"] <= expected + GRANULE * tensors
+    assert expected <= r.category_max["KV cache"] <= expected + GRANULE * tensors
 
 
 # ---- layer extrapolation ---------------------------------------------------------------------
@@ -185,7 +201,8 @@ def test_trace_row_is_a_record_row(configs):
 
 def test_untraceable_configuration_is_skipped_not_crashed(configs):
     row = trace_row(Case(configs["llama"], dict(method="lora", quant="int8", batch=1, seq=16)))
-    assert row["status"] in ("skipped", "error") and row["peak_allocated_bytes"] is None
+    assert row["status"] == "skipped", row["message"]
+    assert row["message"].startswith("not traceable: int8") and row["peak_allocated_bytes"] is None
 
 
 def test_result_dict_is_json_ready(configs):

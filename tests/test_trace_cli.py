@@ -23,7 +23,6 @@ def _run(*args, code: str | None = None):
 
 
 def test_trace_json_has_the_trace_beside_the_estimate():
-    pytest.importorskip("torch")
     out = _run("--model", TINY, "--batch", "2", "--seq", "32", "--trace", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -31,12 +30,11 @@ def test_trace_json_has_the_trace_beside_the_estimate():
     assert t["peak_allocated_bytes"] > 0 and t["peak_allocated_bytes"] % 512 == 0
     assert t["analytic_peak_allocated_bytes"] == data["memory"]["raw"]["peak_allocated_bytes"]
     assert abs(t["error"]) < 0.05
-    assert {"parameters", "optimizer_states"} <= set(t["by_category"])
+    assert {"Parameter", "Optstate"} <= set(t["by_category"])   # PyTorch MemTracker's names
     assert set(t["phases"]) == {"forward", "backward", "optimizer"}
 
 
 def test_trace_text_shows_both_numbers():
-    pytest.importorskip("torch")
     out = _run("--model", TINY, "--method", "inference", "--batch", "2", "--seq", "16", "--new-tokens", "4",
                "--trace")
     assert out.returncode == 0, out.stderr
@@ -57,24 +55,26 @@ def test_trace_without_torch_is_one_line():
     (["--optimizer", "adamw-8bit"], "fake tensors"),
 ])
 def test_untraceable_requests_are_one_line_errors(extra, words):
-    pytest.importorskip("torch")
     out = _run("--model", TINY, "--trace", *extra)
     assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1
 
 
 def test_estimate_without_trace_never_imports_torch():
     code = ("import runpy, sys; sys.argv = ['estimate.py'] + sys.argv[1:]\n"
-            "try:\n    runpy.run_path(%r, run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch imported'" % SCRIPT)
+            "try:\n    runpy.run_path(%r, run_name='__main__')\n    status = 0\n"
+            "except SystemExit as exc:\n    status = exc.code\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "sys.exit(status)" % SCRIPT)
     out = _run("--model", TINY, "--json", code=code)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, out.stderr                  # the script's own exit status
+    data = json.loads(out.stdout)
+    assert data["memory"]["raw"]["peak_allocated_bytes"] > 0 and "trace" not in data
 
 
 @pytest.mark.skipif(os.environ.get("SKIP_SLOW") == "1", reason="SKIP_SLOW=1")
 def test_seven_b_trace_is_fast_and_small():
     """Issue target: a 7B-class model in under 10 s and 2 GB (asserted with head room for a
     loaded 2-core CI machine; scripts/bench_tracer.py prints the figures)."""
-    pytest.importorskip("torch")
     code = ("import json, sys; sys.path.insert(0, %r)\n"
             "from profiler.case import Case\nfrom profiler.trace import trace\n"
             "r = trace(Case('mistralai/Mistral-7B-v0.1', {'batch': 1, 'seq': 2048}))\n"

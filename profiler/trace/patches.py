@@ -135,8 +135,10 @@ def _overload(name: str):
 @contextmanager
 def kv_cache_tagging():
     """While active, every KV-cache update recategorises the layer's cached keys and values as
-    `kv_cache` in each tracker appended to the yielded list (transformers' `Cache.update`)."""
+    "KV cache" in each tracker appended to the yielded list (transformers' `Cache.update`)."""
     from transformers import cache_utils
+
+    from profiler.trace.tracker import KV_CACHE
 
     trackers: list = []
     original = cache_utils.Cache.update
@@ -145,8 +147,8 @@ def kv_cache_tagging():
         out = original(self, key_states, value_states, layer_idx, *args, **kwargs)
         layer = self.layers[layer_idx]
         for tracker in trackers:
-            tracker.track(getattr(layer, "keys", None), "kv_cache")
-            tracker.track(getattr(layer, "values", None), "kv_cache")
+            tracker.track(getattr(layer, "keys", None), KV_CACHE)
+            tracker.track(getattr(layer, "values", None), KV_CACHE)
         return out
 
     with _patched(cache_utils.Cache, "update", update):

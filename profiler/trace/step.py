@@ -36,8 +36,9 @@ class TraceResult:
     `by_category` is the breakdown at the peak; `category_max` the largest value each category
     reached; `phases` the peak total within each phase (training: forward, backward, optimizer;
     inference: prefill, decode), `phase_categories` the breakdown at each phase's peak and
-    `phase_start` the breakdown when the phase began (at the backward's start, `activations` is
-    what autograd saved for it: `saved_activations_bytes`).
+    `phase_start` the breakdown when the phase began (at the backward's start, "Activation" is
+    what autograd saved for it: `saved_activations_bytes`). Categories are named as PyTorch's
+    MemTracker names them (profiler.trace.tracker: "Parameter", "Gradient", "Optstate", ...).
     """
 
     workload_id: str
@@ -59,7 +60,9 @@ class TraceResult:
     def saved_activations_bytes(self) -> int | None:
         """Bytes made in the forward and still alive when the backward starts (training)."""
         start = self.phase_start.get("backward")
-        return None if start is None else start.get("activations", 0)
+        from profiler.trace.tracker import ACTIVATION
+
+        return None if start is None else start.get(ACTIVATION, 0)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -264,18 +267,20 @@ def _phase_hook(tracker, w: Workload):
 
 def _register(tracker, model, optimizer, batch) -> None:
     """Count what exists before the step: parameters, buffers, optimizer states, the batch."""
+    from profiler.trace.tracker import BUFFER, GRADIENT, INPUT, OPTSTATE, PARAMETER
+
     for p in model.parameters():
-        tracker.track(p, "parameters")
+        tracker.track(p, PARAMETER)
         if p.grad is not None:
-            tracker.track(p.grad, "gradients")
+            tracker.track(p.grad, GRADIENT)
     for b in model.buffers():
-        tracker.track(b, "buffers")
+        tracker.track(b, BUFFER)
     if optimizer is not None:
         for state in optimizer.state.values():
             for value in state.values():
-                tracker.track(value, "optimizer_states")
+                tracker.track(value, OPTSTATE)
     for t in (batch.input_ids, batch.labels):
-        tracker.track(t, "inputs")
+        tracker.track(t, INPUT)
 
 
 def _materialize(model, device: str) -> None:

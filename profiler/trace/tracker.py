@@ -7,11 +7,14 @@ uncounted when the storage is freed (a weak reference to the storage object, whi
 alive exactly as long as the storage). Fake tensors have storages with sizes but no memory, so the
 count is the one a real device would see, without allocating it.
 
-Categories: parameters, buffers and inputs are registered up front; optimizer_states are the
-tensors in `optimizer.state`; gradients are `param.grad` (recategorised by a post-accumulate hook);
-kv_cache is what the KV cache holds (recategorised by the caller). Any other new storage is
-`activations` when made in a forward (including checkpoint recomputation inside the backward),
-`temporaries` in the backward, `optimizer_temporaries` inside `optimizer.step()`.
+Categories carry the names of PyTorch's own tracker (`torch.distributed._tools.mem_tracker`,
+`_MemRefType`): "Parameter" and "Buffer" (registered up front), "Gradient" (`param.grad`,
+recategorised by a post-accumulate hook), "Optstate" (the tensors in `optimizer.state`),
+"Activation" (any new storage made in a forward, including checkpoint recomputation inside the
+backward) and "Temp" (any other new storage made in the backward). Three more tell apart what
+MemTracker files elsewhere: "Input" (the batch, registered up front), "KV cache" (what the KV cache
+holds, recategorised by the caller) and "Optimizer temp" (new storage inside `optimizer.step()`
+that does not end up in `optimizer.state`; MemTracker counts it as "Optstate").
 
 Autograd sums two gradients flowing into one tensor (a residual merge, a weight tied to two
 modules) in place when it holds the only reference to one of them (InputBuffer::accumulate,
@@ -38,8 +41,19 @@ from torch.utils._pytree import tree_flatten
 GRANULE = 512  # CUDA caching allocator: every block is a multiple of 512 B (kMinBlockSize)
 _ADD = torch.ops.aten.add.Tensor
 
-CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_states", "activations",
-              "kv_cache", "temporaries", "optimizer_temporaries")
+# MemTracker's names (torch.distributed._tools.mem_tracker._MemRefType values)
+PARAMETER = "Parameter"
+BUFFER = "Buffer"
+GRADIENT = "Gradient"
+ACTIVATION = "Activation"
+TEMP = "Temp"
+OPTSTATE = "Optstate"
+# the tracer's own, for what MemTracker does not tell apart
+INPUT = "Input"
+KV_CACHE = "KV cache"
+OPTIMIZER_TEMP = "Optimizer temp"
+
+CATEGORIES = (PARAMETER, BUFFER, INPUT, GRADIENT, OPTSTATE, ACTIVATION, KV_CACHE, TEMP, OPTIMIZER_TEMP)
 
 
 def rounded(nbytes: int) -> int:
@@ -148,10 +162,10 @@ class LiveBytes(TorchDispatchMode):
 
     def _new_category(self) -> str:
         if self._in_optimizer:
-            return "optimizer_temporaries"
+            return OPTIMIZER_TEMP
         if torch._C._current_graph_task_id() != -1 and self._forward_depth == 0:
-            return "temporaries"
-        return "activations"
+            return TEMP
+        return ACTIVATION
 
     def watch(self, model, optimizer=None) -> None:
         """Hooks: gradients of trainable parameters, optimizer.step(), module forwards (to tell
@@ -159,7 +173,7 @@ class LiveBytes(TorchDispatchMode):
         for p in model.parameters():
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(
-                    lambda q: self.track(q.grad, "gradients")))
+                    lambda q: self.track(q.grad, GRADIENT)))
         self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(self._enter))
         self._handles.append(torch.nn.modules.module.register_module_forward_hook(self._leave, always_call=True))
         if optimizer is not None:
@@ -216,7 +230,7 @@ class LiveBytes(TorchDispatchMode):
     def _opt_post(self, optimizer) -> None:
         for state in optimizer.state.values():
             for value in state.values():
-                self.track(value, "optimizer_states")
+                self.track(value, OPTSTATE)
         self._in_optimizer = False
         self.phase, self.part = "after_step", "pre"
 
@@ -234,12 +248,12 @@ class LiveBytes(TorchDispatchMode):
                 continue
             st = operand.untyped_storage()
             entry = self._live.get(id(st))
-            if (entry is not None and entry[1] == "temporaries" and st.nbytes() == target.nbytes()
+            if (entry is not None and entry[1] == TEMP and st.nbytes() == target.nbytes()
                     and _dense(operand) and operand.shape == out.shape):
                 self.current[entry[1]] -= entry[0]
                 self.total -= entry[0]
                 entry[0] = 0
-                self._add(target, "temporaries")
+                self._add(target, TEMP)
                 return True
         return False
 
