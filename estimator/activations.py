@@ -3,9 +3,13 @@
 Counted from what each op of the transformers 5 implementation saves for backward (PyTorch saves
 an operand only when the gradient of another operand needs it, so a frozen linear does not keep
 its input) and checked against fake-tensor traces of the real step (profiler.trace, the oracle;
-tests/test_estimator_vs_trace.py). Three dtypes matter (`Dtypes`): the compute dtype `a`, the
-residual stream `r` (fp32 under AMP and in QLoRA, whose kbit preparation upcasts the embedding),
-and the output of the model's linears `lo` (bitsandbytes 4-bit layers return their input dtype).
+tests/test_estimator_vs_trace.py). Three dtypes matter (`Dtypes`): the compute dtype, the
+residual stream (fp32 under AMP and in QLoRA, whose kbit preparation upcasts the embedding), and
+the output of the model's linears (bitsandbytes 4-bit layers return their input dtype).
+
+Every function reads an `ActivationKey`, never a Workload: the key holds exactly the Workload
+fields these formulas may read (`activation_key` builds it), so the per-token bytes can be
+memoised on the key (estimator.memory) without a field the cache does not know about.
 
 - RMSNorm upcasts to fp32: the fp32 input is saved (4 B) with an fp32 rsqrt per token, and the
   normalized tensor (residual dtype) when the norm weight trains. Gemma norms multiply in fp32
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from estimator.model import ModelSpec
 from estimator.tables import dtype_bytes
@@ -48,204 +53,228 @@ _DROPOUT = {"gpt2": ("attn", "resid", "embed"), "gpt_bigcode": ("attn", "resid",
 _INDEX_BYTES = 8                           # int64 routing indices
 
 
+class ActivationKey(NamedTuple):
+    """The Workload fields the activation formulas read, and nothing else (hashable: a cache key).
+    `training` and `amp` are the Workload's own derivations, carried so no rule is restated here."""
+
+    model: ModelSpec
+    method: str
+    precision: str
+    attn: str
+    lora_targets: tuple[str, ...]
+    lora_rank: int
+    quant: str
+    grad_ckpt: bool
+    seq: int
+    training: bool
+    amp: bool
+
+
+def activation_key(w: Workload) -> ActivationKey:
+    """The `ActivationKey` of `w` (the one place a Workload becomes one)."""
+    return ActivationKey(w.model, w.method, w.precision, w.attn, w.lora_targets, w.lora_rank, w.quant,
+                         w.grad_ckpt, w.seq, w.training, w.amp)
+
+
 @dataclass(frozen=True)
 class Dtypes:
-    """Bytes per element: compute `a`, residual stream `r`, linear outputs `lo`; `autocast`."""
+    """Bytes per element: `compute` (matmuls), `residual` (the residual stream), `linear_out` (the
+    output of the model's linears); `autocast` when autocast runs."""
 
-    a: int
-    r: int
-    lo: int
+    compute: int
+    residual: int
+    linear_out: int
     autocast: bool
 
 
-def dtypes(w: Workload) -> Dtypes:
-    """The three activation dtypes of `w` (bytes per element) and whether autocast runs."""
-    return _dtypes(w.precision, w.training, w.quant)
+def dtypes(key: ActivationKey) -> Dtypes:
+    """The three activation dtypes (bytes per element) and whether autocast runs."""
+    return _dtypes(key.precision, key.training, key.quant)
 
 
 @lru_cache(maxsize=64)
 def _dtypes(precision: str, training: bool, quant: str) -> Dtypes:
-    a = int(dtype_bytes(precision.removeprefix("amp-")))
+    compute = int(dtype_bytes(precision.removeprefix("amp-")))
     amp = precision.startswith("amp-")
     kbit = training and quant != "none"       # peft kbit preparation: fp32 embedding and norms
-    r = 4 if (amp or kbit or a == 4) else a
-    return Dtypes(a, r, 4 if kbit else a, amp or kbit)
+    residual = 4 if (amp or kbit or compute == 4) else compute
+    return Dtypes(compute, residual, 4 if kbit else compute, amp or kbit)
 
 
-def _trains(w: Workload, role: str) -> bool:
+def _trains(key: ActivationKey, role: str) -> bool:
     """Whether `role`'s weight (full) or an adapter on it (LoRA/QLoRA) trains."""
-    if w.method == "full":
+    if key.method == "full":
         return True
-    return w.method in ("lora", "qlora") and role in w.lora_targets
+    return key.method in ("lora", "qlora") and role in key.lora_targets
 
 
-def _input_bytes(w: Workload, dt: Dtypes, roles, x_bytes: int, saved: bool = False) -> int:
+def _input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int, saved: bool = False) -> int:
     """Bytes per element saved for the linears in `roles` reading one tensor of `x_bytes`;
     `saved` when that tensor is already saved by something else."""
-    n = sum(_trains(w, role) for role in roles)
-    if n == 0:
+    readers = sum(_trains(key, role) for role in roles)
+    if readers == 0:
         return 0
-    if w.model.model_type in _FUSED_QKV and set(roles) >= {"q_proj", "k_proj", "v_proj"}:
-        n -= sum(_trains(w, role) for role in ("k_proj", "v_proj"))   # q, k, v are one linear
-    if w.method == "full":
-        if dt.autocast and x_bytes != dt.a:
-            return n * dt.a                   # each linear saves its own autocast cast
-        return 0 if saved else x_bytes        # the tensor itself, once
+    if key.model.model_type in _FUSED_QKV and set(roles) >= {"q_proj", "k_proj", "v_proj"}:
+        readers -= sum(_trains(key, role) for role in ("k_proj", "v_proj"))   # q, k, v are one linear
+    if key.method == "full":
+        if dt.autocast and x_bytes != dt.compute:
+            return readers * dt.compute       # each linear saves its own autocast cast
+        return 0 if saved else x_bytes       # the tensor itself, once
     if dt.autocast:
-        return n * dt.a                       # adapter casts to fp32, autocast back to half
+        return readers * dt.compute           # adapter casts to fp32, autocast back to half
     if x_bytes == 4:
         return 0 if saved else 4
-    return n * 4                              # each adapter's fp32 cast
+    return readers * 4                        # each adapter's fp32 cast
 
 
 def _dropout(spec: ModelSpec, where: str) -> bool:
     return where in _DROPOUT.get(spec.model_type, ())
 
 
-def norm_bytes(spec: ModelSpec, w: Workload, trains: bool) -> int:
+def norm_bytes(key: ActivationKey, trains: bool) -> int:
     """Saved by one norm over the hidden width, per token (its output excluded)."""
-    h, dt = spec.hidden_size, dtypes(w)
+    spec, dt = key.model, dtypes(key)
+    hidden = spec.hidden_size
     if spec.norm == "layer":
-        return dt.r * h + 8
+        return dt.residual * hidden + 8
     if spec.model_type.startswith("gemma"):
-        return 4 * h + 4 + (4 * h if trains else 0)
-    return 4 * h + 4 + (dt.r * h if trains else 0)
+        return 4 * hidden + 4 + (4 * hidden if trains else 0)
+    return 4 * hidden + 4 + (dt.residual * hidden if trains else 0)
 
 
-def _attention(spec: ModelSpec, w: Workload, dt: Dtypes) -> int:
+def _attention(key: ActivationKey, dt: Dtypes) -> int:
     """Saved by attention per token besides its input norm (scores excluded: `score_bytes_...`)."""
-    a, q, kv = dt.a, spec.q_dim, spec.kv_dim
-    if w.attn == "eager":
-        k_saved = q if spec.num_kv_heads != spec.num_heads else kv   # repeat_kv copies
-        core = a * (q + 2 * k_saved)
+    spec = key.model
+    compute, q_dim, kv_dim = dt.compute, spec.q_dim, spec.kv_dim
+    if key.attn == "eager":
+        k_saved = q_dim if spec.num_kv_heads != spec.num_heads else kv_dim   # repeat_kv copies
+        core = compute * (q_dim + 2 * k_saved)
         copy = True
     else:
-        core = a * (q + 2 * kv) + a * q + 4 * spec.num_heads          # q, k, v, output, lse
-        copy = w.attn == "sdpa" and spec.model_type in _PARTIAL_ROTARY
-    total = core + _input_bytes(w, dt, ("o_proj",), a, saved=not copy) * q
+        core = compute * (q_dim + 2 * kv_dim) + compute * q_dim + 4 * spec.num_heads   # q, k, v, output, lse
+        copy = key.attn == "sdpa" and spec.model_type in _PARTIAL_ROTARY
+    total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
     if spec.qk_norm:
         heads = spec.num_heads + spec.num_kv_heads
-        total += 4 * (q + kv) + 4 * heads + (dt.r * (q + kv) if w.method == "full" else 0)
+        total += 4 * (q_dim + kv_dim) + 4 * heads + (dt.residual * (q_dim + kv_dim) if key.method == "full" else 0)
     if _dropout(spec, "resid"):
         total += spec.hidden_size
     return total
 
 
-def score_bytes_per_token(spec: ModelSpec, w: Workload, kv_tokens: int) -> int:
+def _softmax_bytes(spec: ModelSpec, dt: Dtypes) -> int:
+    """Bytes per score of the eager softmax output: fp32 unless the model calls a plain softmax
+    outside autocast."""
+    return dt.compute if (spec.model_type in _PLAIN_SOFTMAX and not dt.autocast) else 4
+
+
+def score_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
     """Eager attention's saved scores per query token: softmax output (fp32 unless the model calls
     a plain softmax outside autocast), the half cast the value matmul reads, dropout mask and
     output when attention dropout is on, Gemma-2's soft-capping tanh."""
-    if w.attn != "eager":
+    if key.attn != "eager":
         return 0
-    dt = dtypes(w)
-    soft = dt.a if (spec.model_type in _PLAIN_SOFTMAX and not dt.autocast) else 4
-    per_key = soft
+    spec, dt = key.model, dtypes(key)
+    softmax = _softmax_bytes(spec, dt)
+    per_key = softmax
     if _dropout(spec, "attn"):
-        per_key += 1 + dt.a
-    elif soft != dt.a:
-        per_key += dt.a
+        per_key += 1 + dt.compute
+    elif softmax != dt.compute:
+        per_key += dt.compute
     if spec.model_type in _ATTN_SOFTCAP:
-        per_key += dt.a
+        per_key += dt.compute
     return per_key * spec.num_heads * kv_tokens
 
 
 def _activation_saves(spec: ModelSpec, dt: Dtypes) -> tuple[int, int, bool]:
     """(bytes per intermediate element the activation function saves, bytes of its output,
     whether that output is among what it saves)."""
+    out = dt.linear_out
     if spec.activation == "gelu_new":
         if dt.autocast:       # 0.5 x; pow saves its fp32 (cast) input; tanh, 1 + tanh in fp32
-            return dt.lo + 4 + 4 + 4, 4, False
-        return 4 * dt.lo, dt.lo, False               # input, 0.5 x, tanh, 1 + tanh
+            return out + 4 + 4 + 4, 4, False
+        return 4 * out, out, False                   # input, 0.5 x, tanh, 1 + tanh
     if spec.activation == "relu":
-        return dt.lo, dt.lo, True                    # relu saves its output only
-    return dt.lo, dt.lo, False                       # input only (silu, gelu, gelu_pytorch_tanh)
+        return out, out, True                        # relu saves its output only
+    return out, out, False                           # input only (silu, gelu, gelu_pytorch_tanh)
 
 
-def _mlp(spec: ModelSpec, w: Workload, dt: Dtypes, width: int) -> int:
+def _mlp(key: ActivationKey, dt: Dtypes, width: int) -> int:
     """Saved by one feed-forward block per token (its input excluded)."""
-    act, out, out_saved = _activation_saves(spec, dt)
-    if spec.mlp_gated:
-        saved = (act + 2 * dt.lo) * width             # gate (+ activation internals), act, up
-        return saved + _input_bytes(w, dt, ("down_proj",), dt.lo) * width
-    return act * width + _input_bytes(w, dt, ("down_proj",), out, saved=out_saved) * width
+    saves, out, out_saved = _activation_saves(key.model, dt)
+    if key.model.mlp_gated:
+        saved = (saves + 2 * dt.linear_out) * width   # gate (+ activation internals), act, up
+        return saved + _input_bytes(key, dt, ("down_proj",), dt.linear_out) * width
+    return saves * width + _input_bytes(key, dt, ("down_proj",), out, saved=out_saved) * width
 
 
-def _moe(spec: ModelSpec, w: Workload, dt: Dtypes) -> int:
+def _moe(key: ActivationKey, dt: Dtypes) -> int:
     """Saved by one MoE block per token (its input excluded)."""
-    a, h, k = dt.a, spec.hidden_size, spec.experts_per_token
-    experts = k * _mlp(spec, w, dt, spec.moe_intermediate_size)
-    if _trains(w, "gate_proj") or _trains(w, "up_proj"):
-        experts += k * a * h if w.method == "full" else 0   # routed input, for the expert weights
-    experts += k * a * h                                  # expert outputs x routing weights
-    router = 4 * spec.num_experts + (4 * _INDEX_BYTES + a) * k
+    spec = key.model
+    compute, hidden, chosen = dt.compute, spec.hidden_size, spec.experts_per_token
+    experts = chosen * _mlp(key, dt, spec.moe_intermediate_size)
+    if _trains(key, "gate_proj") or _trains(key, "up_proj"):
+        # the routed input, for the expert weights' gradients
+        experts += chosen * compute * hidden if key.method == "full" else 0
+    experts += chosen * compute * hidden                                  # expert outputs x routing weights
+    router = 4 * spec.num_experts + (4 * _INDEX_BYTES + compute) * chosen
     shared = 0
     if spec.shared_expert_intermediate_size:
-        shared = _mlp(spec, w, dt, spec.shared_expert_intermediate_size)
+        shared = _mlp(key, dt, spec.shared_expert_intermediate_size)
         if spec.shared_expert_gate:
-            shared += a * h + a                         # shared output x sigmoid(gate)
+            shared += compute * hidden + compute        # shared output x sigmoid(gate)
     return experts + router + shared
 
 
-_LAYER_CACHE: dict = {}
-
-
-def layer_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
+def layer_bytes_per_token(key: ActivationKey) -> int:
     """Bytes saved for backward by one decoder layer per token (no checkpointing, no scores)."""
-    key = (spec, w.method, w.precision, w.attn, w.lora_targets, w.quant)
-    hit = _LAYER_CACHE.get(key)
-    if hit is None:
-        if len(_LAYER_CACHE) > 4096:
-            _LAYER_CACHE.clear()
-        hit = _LAYER_CACHE[key] = _layer_bytes_per_token(spec, w)
-    return hit
+    spec = key.model
+    dt, hidden = dtypes(key), spec.hidden_size
+    trains = key.method == "full"
+    total = spec.norms_per_layer * norm_bytes(key, trains)
+    attn_roles, mlp_roles = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+    if spec.parallel_block and spec.norms_per_layer == 1:     # one norm feeds attention and MLP
+        total += _input_bytes(key, dt, attn_roles + mlp_roles, dt.residual) * hidden
+    else:
+        total += _input_bytes(key, dt, attn_roles, dt.residual) * hidden
+        total += _input_bytes(key, dt, mlp_roles if spec.mlp_gated or spec.is_moe else ("up_proj",),
+                              dt.residual) * hidden
+    total += _attention(key, dt)
+    if spec.is_moe:
+        total += _moe(key, dt)
+    else:
+        total += _mlp(key, dt, spec.intermediate_size)
+    if _dropout(spec, "resid"):
+        total += hidden                                       # the MLP output's dropout mask
+    return total + _adapter_bytes(key, dt)
 
 
-def mlp_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
+def mlp_bytes_per_token(key: ActivationKey) -> int:
     """The part of `layer_bytes_per_token` saved by the feed-forward block (dense or MoE) and its
     output dropout: the backward frees it before it reaches the attention."""
-    dt = dtypes(w)
-    block = _moe(spec, w, dt) if spec.is_moe else _mlp(spec, w, dt, spec.intermediate_size)
+    spec, dt = key.model, dtypes(key)
+    block = _moe(key, dt) if spec.is_moe else _mlp(key, dt, spec.intermediate_size)
     return block + (spec.hidden_size if _dropout(spec, "resid") else 0)
 
 
-def attention_backward_bytes_per_token(spec: ModelSpec, w: Workload, kv_tokens: int) -> int:
+def attention_backward_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
     """Extra bytes per query token at the peak of one layer's attention backward, beyond what the
     layer saved: eager softmax's backward holds the incoming gradient and its output in the
     softmax dtype (B x heads x T x T each) after the value matmul released the probabilities;
     the SDPA kernels write q, k and v gradients."""
-    dt = dtypes(w)
-    if w.attn != "eager":
-        return dt.a * (spec.q_dim + 2 * spec.kv_dim)
-    soft = dt.a if (spec.model_type in _PLAIN_SOFTMAX and not dt.autocast) else 4
-    probs = dt.a if not _dropout(spec, "attn") else 1 + dt.a
-    return (2 * soft - probs) * spec.num_heads * kv_tokens
+    spec, dt = key.model, dtypes(key)
+    if key.attn != "eager":
+        return dt.compute * (spec.q_dim + 2 * spec.kv_dim)
+    softmax = _softmax_bytes(spec, dt)
+    probs = dt.compute if not _dropout(spec, "attn") else 1 + dt.compute
+    return (2 * softmax - probs) * spec.num_heads * kv_tokens
 
 
-def _layer_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
-    dt, h = dtypes(w), spec.hidden_size
-    trains = w.method == "full"
-    total = spec.norms_per_layer * norm_bytes(spec, w, trains)
-    attn_roles, mlp_roles = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
-    if spec.parallel_block and spec.norms_per_layer == 1:     # one norm feeds attention and MLP
-        total += _input_bytes(w, dt, attn_roles + mlp_roles, dt.r) * h
-    else:
-        total += _input_bytes(w, dt, attn_roles, dt.r) * h
-        total += _input_bytes(w, dt, mlp_roles if spec.mlp_gated or spec.is_moe else ("up_proj",), dt.r) * h
-    total += _attention(spec, w, dt)
-    if spec.is_moe:
-        total += _moe(spec, w, dt)
-    else:
-        total += _mlp(spec, w, dt, spec.intermediate_size)
-    if _dropout(spec, "resid"):
-        total += h                                            # the MLP output's dropout mask
-    return total + _adapter_bytes(w, dt)
-
-
-def _adapter_bytes(w: Workload, dt: Dtypes) -> int:
+def _adapter_bytes(key: ActivationKey, dt: Dtypes) -> int:
     """LoRA: each adapter's lora_B saves lora_A's rank-wide output (half under autocast)."""
-    if w.method not in ("lora", "qlora"):
+    if key.method not in ("lora", "qlora"):
         return 0
-    return len(w.lora_targets) * w.lora_rank * (dt.a if dt.autocast else 4)
+    return len(key.lora_targets) * key.lora_rank * (dt.compute if dt.autocast else 4)
 
 
 def mlp_width(spec: ModelSpec) -> tuple[int, float]:
@@ -256,97 +285,101 @@ def mlp_width(spec: ModelSpec) -> tuple[int, float]:
     return spec.intermediate_size, 1.0
 
 
-def checkpoint_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
+def checkpoint_bytes_per_token(key: ActivationKey) -> int:
     """Per layer with gradient checkpointing: the saved layer input (residual dtype)."""
-    return dtypes(w).r * spec.hidden_size
+    return dtypes(key).residual * key.model.hidden_size
 
 
-def outside_layers_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
+def outside_layers_bytes_per_token(key: ActivationKey) -> int:
     """Final norm, lm_head input and embedding dropout mask (logits counted apart)."""
-    dt, h = dtypes(w), spec.hidden_size
-    trains = w.method == "full"
-    total = norm_bytes(spec, w, trains) if spec.final_norm else 0
-    total += _input_bytes(w, dt, ("lm_head",) if trains else (), dt.r) * h
+    spec = key.model
+    dt, hidden = dtypes(key), spec.hidden_size
+    trains = key.method == "full"
+    total = norm_bytes(key, trains) if spec.final_norm else 0
+    total += _input_bytes(key, dt, ("lm_head",) if trains else (), dt.residual) * hidden
     if spec.embed_norm:
-        total += norm_bytes(spec, w, trains)
+        total += norm_bytes(key, trains)
     if _dropout(spec, "embed"):
-        total += h
-    return total - _first_layer_discount(spec, w)
+        total += hidden
+    return total - _first_layer_discount(key)
 
 
-def _first_layer_discount(spec: ModelSpec, w: Workload) -> int:
+def _first_layer_discount(key: ActivationKey) -> int:
     """With a frozen embedding (LoRA, QLoRA) the first layer's input needs no gradient: its first
     norm saves nothing, nor (parallel block, one norm) its whole MLP branch. Checkpointing keeps the
     layers' inputs instead, so nothing changes there."""
-    if w.method not in ("lora", "qlora") or w.grad_ckpt:
+    if key.method not in ("lora", "qlora") or key.grad_ckpt:
         return 0
-    discount = norm_bytes(spec, w, trains=False)
-    if spec.parallel_block and spec.norms_per_layer == 1 and not any(_trains(w, r) for r in ("up_proj", "down_proj")):
-        discount += mlp_bytes_per_token(spec, w)
+    spec = key.model
+    discount = norm_bytes(key, trains=False)
+    mlp_frozen = not any(_trains(key, role) for role in ("up_proj", "down_proj"))
+    if spec.parallel_block and spec.norms_per_layer == 1 and mlp_frozen:
+        discount += mlp_bytes_per_token(key)
     return discount
 
 
-def _logit_bytes(w: Workload) -> int:
+def _logit_bytes(key: ActivationKey) -> int:
     """Bytes per element of the lm_head output (the compute dtype; fp32 model: fp32)."""
-    return dtypes(w).a
+    return dtypes(key).compute
 
 
-def logits_saved_per_token(spec: ModelSpec, w: Workload) -> int:
+def logits_saved_per_token(key: ActivationKey) -> int:
     """Kept for the backward: log_softmax's fp32 output (and Gemma-2's soft-capping tanh)."""
-    v, a = spec.vocab_size, _logit_bytes(w)
-    return 4 * v + (a * v if spec.logit_softcap else 0)
+    vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    return 4 * vocab + (logit * vocab if key.model.logit_softcap else 0)
 
 
-def logits_forward_per_token(spec: ModelSpec, w: Workload) -> int:
+def logits_forward_per_token(key: ActivationKey) -> int:
     """Peak of the loss in the forward: the logits, their fp32 upcast (none for fp32 logits) and
     log_softmax's output; with soft-capping the tanh output and the capped logits."""
-    v, a = spec.vocab_size, _logit_bytes(w)
-    base = (a + 8) * v if a != 4 else 8 * v
-    return base + (a * v if spec.logit_softcap else 0)
+    vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    base = (logit + 8) * vocab if logit != 4 else 8 * vocab
+    return base + (logit * vocab if key.model.logit_softcap else 0)
 
 
-def logits_backward_per_token(spec: ModelSpec, w: Workload) -> int:
+def logits_backward_per_token(key: ActivationKey) -> int:
     """Peak of the loss in the backward: log_softmax's saved output, the incoming gradient and the
     outgoing gradient, all fp32 (12 B x vocab), plus the soft-capping tanh output."""
-    v, a = spec.vocab_size, _logit_bytes(w)
-    return 12 * v + (a * v if spec.logit_softcap else 0)
+    vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    return 12 * vocab + (logit * vocab if key.model.logit_softcap else 0)
 
 
-def inference_attention_bytes_per_token(spec: ModelSpec, w: Workload, kv_tokens: int) -> int:
+def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
     """Prefill (no autograd) attention transient per query token: q, k, v (eager repeats k and v
     to all heads for GQA) and the output; eager adds its 4-D mask row and the scores while softmax
     runs: the masked scores, the fp32 copy softmax(dtype=float32) makes and its fp32 output (a
     plain softmax: input and output in the compute dtype). Under AMP the mask is fp32 (the
     hidden states' dtype), so the masked scores already are: 4 + 4 B per score."""
-    a, q, kv = dtypes(w).a, spec.q_dim, spec.kv_dim
-    if w.attn != "eager":
-        return a * (2 * q + 2 * kv)
-    k_heads = q if spec.num_kv_heads != spec.num_heads else kv
-    mask = 4 if w.amp else a
-    if w.amp:
+    spec = key.model
+    compute, q_dim, kv_dim = dtypes(key).compute, spec.q_dim, spec.kv_dim
+    if key.attn != "eager":
+        return compute * (2 * q_dim + 2 * kv_dim)
+    k_heads = q_dim if spec.num_kv_heads != spec.num_heads else kv_dim
+    mask = 4 if key.amp else compute
+    if key.amp:
         scores = 8
     else:
-        scores = 2 * a if spec.model_type in _PLAIN_SOFTMAX else a + 8
-    return a * (2 * q + 2 * k_heads) + (mask + scores * spec.num_heads) * kv_tokens
+        scores = 2 * compute if spec.model_type in _PLAIN_SOFTMAX else compute + 8
+    return compute * (2 * q_dim + 2 * k_heads) + (mask + scores * spec.num_heads) * kv_tokens
 
 
-def inference_mlp_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
+def inference_mlp_bytes_per_token(key: ActivationKey) -> int:
     """Prefill MLP transient per token: activation, up and product (gated); `gelu_new` keeps its
     input, 0.5 x and two intermediates (fp32 under autocast, after pow). MoE: the routed copies."""
-    a = dtypes(w).a
+    spec, compute = key.model, dtypes(key).compute
     width, blocks = mlp_width(spec)
     blocks = min(blocks, spec.experts_per_token or 1)
     if spec.mlp_gated:
-        per_width = 3 * a
+        per_width = 3 * compute
     elif spec.activation == "gelu_new":
-        per_width = 2 * a + (8 if w.amp else 2 * a)
+        per_width = 2 * compute + (8 if key.amp else 2 * compute)
     else:
-        per_width = 2 * a
+        per_width = 2 * compute
     return int(per_width * width * blocks)
 
 
-def inference_residual_bytes_per_token(spec: ModelSpec, w: Workload) -> int:
+def inference_residual_bytes_per_token(key: ActivationKey) -> int:
     """Hidden-width tensors alive around a layer's peak in the prefill: the layer input (held by
     the model's loop), the residual, the normed input and one more (a cast or a projection)."""
-    dt = dtypes(w)
-    return (3 * dt.r + dt.a) * spec.hidden_size
+    dt = dtypes(key)
+    return (3 * dt.residual + dt.compute) * key.model.hidden_size

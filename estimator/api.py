@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass
 
 from estimator import tables
-from estimator.calibration import NONE, Calibration, apply_memory, installed_versions, resolve
+from estimator.calibration import NONE, Calibration, apply_memory, installed_versions, resolve, time_corrections
 from estimator.defaults import overhead
-from estimator.memory import MemoryBreakdown, estimate_memory, lora_params
+from estimator.memory import Components, MemoryBreakdown, components, lora_params
 from estimator.params import count_params
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
 from estimator.workload import Workload
@@ -44,6 +44,7 @@ class Estimate:
     job: JobCost | None
     warnings: tuple = ()                # calibration warnings (other GPU, outside the data's range)
     raw_time: TimeBreakdown | None = None  # uncalibrated time when a table is applied
+    components: Components | None = None   # the named parts both breakdowns were assembled from
 
     @property
     def fits(self) -> bool:
@@ -119,39 +120,13 @@ def _workload_dict(w: Workload) -> dict:
     return out
 
 
-_DEFAULTS: dict = {}
-
-
-def _defaults(method: str, gpu_slug: str) -> tuple:
-    """Uncalibrated (reserve fraction, context bytes, mfu, decode bandwidth fraction, corrections)."""
-    key = (method, gpu_slug)
-    hit = _DEFAULTS.get(key)
-    if hit is None:
-        reserve, context = float(overhead(f"reserve_fraction_{method}")), int(overhead("cuda_context_bytes"))
-        mfu = NONE.mfu(method, gpu_slug)[0]
-        bw = NONE.decode_bandwidth_fraction(gpu_slug)[0] if method == "inference" else None
-        corrections = {
-            "reserve_fraction": {"value": reserve, "from": "default"},
-            "reserve_bytes": {"value": 0, "from": "default"},
-            "cuda_context_bytes": {"value": context, "from": "default"},
-            "non_pytorch_bytes": {"value": 0, "from": "default"},
-            "nccl_buffers_bytes": {"value": int(overhead("nccl_buffers_bytes")), "from": "default"},
-            "allocated_constant_bytes": {"value": 0, "from": "default"},
-            "activation_scale": {"value": 1.0, "from": "default"},
-            "logits_scale": {"value": 1.0, "from": "default"},
-            "optimizer_temporaries_scale": {"value": 1.0, "from": "default"},
-            "mfu": {"value": mfu, "from": "default"},
-        }
-        if bw is not None:
-            corrections["decode_bandwidth_fraction"] = {"value": bw, "from": "default"}
-        hit = _DEFAULTS[key] = (reserve, context, mfu, bw, corrections)
-    return hit
-
-
-def _scaled(raw: MemoryBreakdown, w: Workload, cal: Calibration) -> tuple[MemoryBreakdown, dict]:
-    """The calibrated breakdown: the table's factors applied to the raw components
-    (estimator.calibration.apply_memory says exactly how)."""
-    return apply_memory(raw, w, cal)
+def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBreakdown,
+          inter_node: str) -> TimeBreakdown:
+    """Step time with the MFU (and decode bandwidth fraction) of `corrections`."""
+    mfu = corrections["mfu"]["value"]
+    if w.training:
+        return train_time(w, gpu, mfu, float(overhead("comm_overlap_fraction")), inter_node)
+    return inference_time(w, gpu, mfu, corrections["decode_bandwidth_fraction"]["value"], memory)
 
 
 def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec | None = None,
@@ -159,34 +134,26 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
     """Predict memory per GPU, step time and (with `job`) job time and cost of `w` on `gpu_slug`.
 
     `calibration`: "auto" (calibrations/<gpu>.json if present), "none", a table path, or a
-    `Calibration` object (the fitting package passes its fitted tables this way)."""
+    `Calibration` object (the fitting package passes its fitted tables this way). Uncalibrated
+    values are NONE's: the same lookups with an empty table."""
     w.validate()
     gpu = tables.gpu(gpu_slug)
     cal = resolve(calibration, gpu.slug)
-    reserve, context, mfu, bw, default_corrections = _defaults(w.method, gpu.slug)
-    raw = estimate_memory(w, reserve, context)
-    overlap = float(overhead("comm_overlap_fraction"))
+    p = count_params(w.model)
+    parts = components(w)
+    memory, corrections = apply_memory(parts, w, cal)
+    corrections.update(time_corrections(cal, w, gpu.slug, p.active))
+    time = _time(w, gpu, corrections, memory, inter_node)
     if cal.path is None:
-        memory, corrections, warnings, raw_time = raw, default_corrections, (), None
-        time = (train_time(w, gpu, mfu, overlap, inter_node) if w.training
-                else inference_time(w, gpu, mfu, bw, memory))
+        raw, raw_time, warnings = memory, None, ()
     else:
-        memory, corrections = _scaled(raw, w, cal)
-        p = count_params(w.model)
-        cal_mfu, mfu_src = cal.mfu(w.method, gpu.slug, p.active)
-        corrections["mfu"] = {"value": cal_mfu, "from": mfu_src}
-        if w.training:
-            time = train_time(w, gpu, cal_mfu, overlap, inter_node)
-            raw_time = train_time(w, gpu, mfu, overlap, inter_node)
-        else:
-            cal_bw, bw_src = cal.decode_bandwidth_fraction(gpu.slug)
-            corrections["decode_bandwidth_fraction"] = {"value": cal_bw, "from": bw_src}
-            time = inference_time(w, gpu, cal_mfu, cal_bw, memory)
-            raw_time = inference_time(w, gpu, mfu, bw, raw)
+        raw, raw_corrections = apply_memory(parts, w, NONE)
+        raw_corrections.update(time_corrections(NONE, w, gpu.slug, p.active))
+        raw_time = _time(w, gpu, raw_corrections, raw, inter_node)
         warnings = (cal.warnings + tuple(cal.range_warnings(w, p.total))
                     + tuple(cal.version_warnings(installed_versions())))
     cost = None
     if job is not None:
         price = tables.price(gpu.slug, job.price_path, job.provider)
         cost = job_cost(w, time.step_s, job.samples, job.epochs, job.retry_factor, price)
-    return Estimate(w, gpu, memory, raw, time, cal, corrections, cost, warnings, raw_time)
+    return Estimate(w, gpu, memory, raw, time, cal, corrections, cost, warnings, raw_time, parts)

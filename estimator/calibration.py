@@ -38,14 +38,15 @@ import json
 from functools import lru_cache
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 from estimator import tables
 from estimator.defaults import overhead
 from estimator.errors import InputError
 from estimator.units import GiB
-from estimator.memory import MemoryBreakdown, round_up
+from estimator.memory import Components, Corrections, MemoryBreakdown, assemble
 from estimator.workload import Workload
 
 SCHEMA = "gpu-budget-calibration/2"
@@ -224,7 +225,9 @@ class Calibration:
         return out
 
 
-NONE = Calibration(path=None, gpu=None)
+# The empty table: every lookup gives the uncalibrated default. Its factors are read-only, since
+# the uncalibrated corrections are memoised on the lookups' arguments alone.
+NONE = Calibration(path=None, gpu=None, factors=MappingProxyType({}))
 
 
 def _public(version) -> str:
@@ -248,58 +251,81 @@ def installed_versions() -> dict:
     return out
 
 
-def apply_memory(raw: MemoryBreakdown, w: Workload, cal: Calibration) -> tuple[MemoryBreakdown, dict]:
-    """The calibrated breakdown from the uncalibrated one, and the factors used with their source.
-
-    Every change is a stated factor applied to a named component: saved activations, logits and
-    optimizer temporaries are scaled; the peak phase is re-decided on the scaled working sets
-    (forward/backward against optimizer step, as estimator.memory assembles them); allocated gets
-    the constant; reserved = allocated x (1 + f) + g rounded up to 2 MiB; device used = reserved +
-    context + NCCL (multi-GPU) + paged optimizer states + non-PyTorch bytes.
-    """
-    s, s_src = cal.activation_scale(w.model.model_type, w.attn, w.training)
-    acts = int(raw.activations_bytes * s)
-    const, const_src = cal.allocated_constant_bytes()
-    if w.training:
-        lg, lg_src = cal.logits_scale()
-        t, t_src = cal.temporaries_scale()
-        logits, temps = int(raw.logits_and_loss_bytes * lg), int(raw.optimizer_temporaries_bytes * t)
-        common = (raw.autocast_weight_cache_bytes + raw.quant_workspace_bytes
-                  + (raw.gradients_bytes if w.grad_accum > 1 else 0))
-        fwd = raw.activations_bytes + raw.logits_and_loss_bytes + common
-        step = raw.gradients_bytes + raw.optimizer_temporaries_bytes
-        fwd2, step2 = acts + logits + common, raw.gradients_bytes + temps
-        delta = max(fwd2, step2) - max(fwd, step)
-        phase = "forward/backward" if fwd2 >= step2 else "optimizer step"
+def memory_corrections(cal: Calibration, w: Workload) -> tuple[Corrections, dict]:
+    """The corrections `cal` makes to `w`'s memory assembly, and each with its source, as the
+    estimate reports them (a new dict each call). A factor the table lacks (every factor of NONE)
+    takes its uncalibrated default: this is the one place those defaults are looked up."""
+    if cal is NONE:   # the same lookups, memoised on what they read
+        corrections, items = _uncalibrated(w.method, w.model.model_type, w.attn, w.training)
     else:
-        (lg, lg_src), (t, t_src) = (1.0, "default"), (1.0, "default")
-        logits, temps = raw.logits_and_loss_bytes, raw.optimizer_temporaries_bytes
-        delta, phase = acts - raw.activations_bytes, raw.peak_phase
-    allocated = raw.peak_allocated_bytes + delta + const
-    fraction, extra, r_src = cal.reserve(w.method)
-    reserved = round_up(allocated * (1.0 + fraction) + extra)
-    context, c_src = cal.context_bytes()
-    other, o_src = cal.non_pytorch_bytes()
-    nccl_factor, n_src = cal.nccl_bytes()
-    nccl = nccl_factor if w.world_size > 1 else 0
-    device_used = reserved + context + nccl + raw.paged_optimizer_bytes + other
-    memory = replace(
-        raw, activations_bytes=acts, logits_and_loss_bytes=logits, optimizer_temporaries_bytes=temps,
-        cuda_context_bytes=context, nccl_buffers_bytes=nccl, allocator_reserve_bytes=reserved - allocated,
-        peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, device_used_bytes=device_used,
-        peak_phase=phase)
-    corrections = {
-        "reserve_fraction": {"value": fraction, "from": r_src},
-        "reserve_bytes": {"value": extra, "from": r_src},
-        "cuda_context_bytes": {"value": context, "from": c_src},
-        "non_pytorch_bytes": {"value": other, "from": o_src},
-        "nccl_buffers_bytes": {"value": nccl_factor, "from": n_src},
-        "allocated_constant_bytes": {"value": const, "from": const_src},
-        "activation_scale": {"value": s, "from": s_src},
-        "logits_scale": {"value": lg, "from": lg_src},
-        "optimizer_temporaries_scale": {"value": t, "from": t_src},
-    }
-    return memory, corrections
+        corrections, items = _corrections(cal, w.method, w.model.model_type, w.attn, w.training)
+    return corrections, {name: {"value": value, "from": source} for name, value, source in items}
+
+
+@lru_cache(maxsize=256)
+def _uncalibrated(method: str, model_type: str, attn: str, training: bool) -> tuple[Corrections, tuple]:
+    return _corrections(NONE, method, model_type, attn, training)
+
+
+def _corrections(cal: Calibration, method: str, model_type: str, attn: str,
+                 training: bool) -> tuple[Corrections, tuple]:
+    """(Corrections, ((name, value, source), ...)) of `cal` for a workload of that kind."""
+    scale, scale_src = cal.activation_scale(model_type, attn, training)
+    constant, constant_src = cal.allocated_constant_bytes()
+    if training:
+        logits, logits_src = cal.logits_scale()
+        temps, temps_src = cal.temporaries_scale()
+    else:  # no loss and no optimizer step: the factors have nothing to scale
+        (logits, logits_src), (temps, temps_src) = (1.0, "default"), (1.0, "default")
+    fraction, extra, reserve_src = cal.reserve(method)
+    context, context_src = cal.context_bytes()
+    other, other_src = cal.non_pytorch_bytes()
+    nccl, nccl_src = cal.nccl_bytes()
+    corrections = Corrections(
+        reserve_fraction=fraction, reserve_bytes=extra, cuda_context_bytes=context, non_pytorch_bytes=other,
+        nccl_buffers_bytes=nccl, allocated_constant_bytes=constant, activation_scale=scale,
+        logits_scale=logits, optimizer_temporaries_scale=temps)
+    items = (("reserve_fraction", fraction, reserve_src), ("reserve_bytes", extra, reserve_src),
+             ("cuda_context_bytes", context, context_src), ("non_pytorch_bytes", other, other_src),
+             ("nccl_buffers_bytes", nccl, nccl_src), ("allocated_constant_bytes", constant, constant_src),
+             ("activation_scale", scale, scale_src), ("logits_scale", logits, logits_src),
+             ("optimizer_temporaries_scale", temps, temps_src))
+    return corrections, items
+
+
+def time_corrections(cal: Calibration, w: Workload, gpu_slug: str, params_active: float) -> dict:
+    """The step-time factors `cal` gives `w` on `gpu_slug`, each with its source: `mfu`, and for
+    inference `decode_bandwidth_fraction` (a new dict each call; NONE: the defaults)."""
+    if cal is NONE:   # the same lookups, memoised on what they read (no size bucket: no table)
+        items = _uncalibrated_time(w.method, w.training, gpu_slug)
+    else:
+        items = _time_items(cal, w.method, w.training, gpu_slug, params_active)
+    return {name: {"value": value, "from": source} for name, value, source in items}
+
+
+@lru_cache(maxsize=256)
+def _uncalibrated_time(method: str, training: bool, gpu_slug: str) -> tuple:
+    return _time_items(NONE, method, training, gpu_slug, None)
+
+
+def _time_items(cal: Calibration, method: str, training: bool, gpu_slug: str, params_active) -> tuple:
+    items = (("mfu", *cal.mfu(method, gpu_slug, params_active)),)
+    if not training:
+        items += (("decode_bandwidth_fraction", *cal.decode_bandwidth_fraction(gpu_slug)),)
+    return items
+
+
+def apply_memory(parts: Components, w: Workload, cal: Calibration) -> tuple[MemoryBreakdown, dict]:
+    """The breakdown of `w` under `cal` (NONE: the uncalibrated one) and the corrections used with
+    their source. Every change is a stated factor applied to a named component by
+    estimator.memory.assemble, the one assembly of the peaks: saved activations, logits and
+    optimizer temporaries are scaled inside their working set, and the peak phase is the larger
+    scaled working set; allocated gets the constant; reserved = allocated x (1 + f) + g rounded up
+    to 2 MiB; device used = reserved + context + NCCL (multi-GPU) + paged optimizer states +
+    non-PyTorch bytes.
+    """
+    corrections, report = memory_corrections(cal, w)
+    return assemble(parts, corrections), report
 
 
 # ---- reading and validating tables -----------------------------------------------------------------
@@ -389,37 +415,35 @@ def validate_table(data: dict, path, gpu_slug: str | None = None) -> None:
     _validate_stats(data, path)
 
 
-_CACHE: dict = {}
-
-
 def _load(path: str, gpu_slug: str, refuse_foreign: bool) -> Calibration:
-    """Read, validate and cache a table. The cache follows the file's mtime and size (one stat
-    per estimate), so a table refreshed by the profiler is re-read."""
+    """Read a table file and return it parsed and validated (`_parse` memoises that on what was
+    read: the bytes, so a rewritten file is re-read whatever its timestamps)."""
     try:
-        st = os.stat(path)
+        os.stat(path)
     except OSError as exc:
         if refuse_foreign:
             raise InputError(f"cannot read calibration {path}: {exc.strerror}") from None
         raise InputError(f"calibration file not found: {path}") from None
-    key = (path, st.st_mtime_ns, st.st_size, gpu_slug, refuse_foreign)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        return hit
     shown = str(Path(path).resolve())
     try:
-        data = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except IsADirectoryError:
         raise InputError(f"calibration file not found: {path}") from None
     except OSError as exc:
         raise InputError(f"cannot read calibration {shown}: {exc.strerror}") from None
+    return _parse(shown, raw, gpu_slug, refuse_foreign)
+
+
+@lru_cache(maxsize=64)
+def _parse(shown: str, raw: bytes, gpu_slug: str, refuse_foreign: bool) -> Calibration:
+    """The Calibration of a table's bytes (`shown`: the resolved path it reports)."""
+    try:
+        data = json.loads(raw.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise InputError(f"calibration {shown} is corrupt: {getattr(exc, 'msg', exc)}{where}") from None
     validate_table(data, shown, gpu_slug if refuse_foreign else None)
-    if len(_CACHE) > 64:
-        _CACHE.clear()
-    cal = _CACHE[key] = Calibration.from_table(data, shown, gpu_slug)
-    return cal
+    return Calibration.from_table(data, shown, gpu_slug)
 
 
 def table_path(gpu_slug: str) -> Path:

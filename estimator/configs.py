@@ -39,17 +39,27 @@ def catalog_ids() -> list[str]:
     return seen
 
 
-def _read_json(path: Path) -> dict:
+def _read_bytes(path: Path) -> bytes:
     try:
-        with path.open() as f:
-            cfg = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed config {path}: {exc.msg} at line {exc.lineno}") from None
+        return path.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read config {path}: {exc.strerror}") from None
+
+
+def _parse_json(raw: bytes, shown: str) -> dict:
+    try:
+        cfg = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed config {shown}: {exc.msg} at line {exc.lineno}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"malformed config {shown}: {exc.reason}") from None
     if not isinstance(cfg, dict):
-        raise InputError(f"malformed config {path}: not a JSON object")
+        raise InputError(f"malformed config {shown}: not a JSON object")
     return cfg
+
+
+def _read_json(path: Path) -> dict:
+    return _parse_json(_read_bytes(path), str(path))
 
 
 def _quiet_hub_logging() -> None:
@@ -89,28 +99,47 @@ def _from_hub(model_id: str) -> dict:
     return cfg.to_dict()
 
 
-def load_config(model: str) -> tuple[dict, str]:
-    """(config dict, display name) for a path, catalog name or hub id."""
+def _source(model: str) -> tuple[Path | None, str]:
+    """(config file, display name) of a path or catalog name; (None, hub id) for a hub id."""
     if not model or not model.strip():
         raise InputError("--model is empty")
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return _read_json(path), path.parent.name if path.name == "config.json" else path.stem
+        return path, path.parent.name if path.name == "config.json" else path.stem
     row = catalog().get(model.lower())
     if row is not None:
-        return _read_json(CATALOG_DIR / row["file"]), row["hub_id"]
+        return CATALOG_DIR / row["file"], row["hub_id"]
     if model.endswith(".json") or model.startswith((".", "/")):
         raise InputError(f"config file not found: {model}")
     if "/" not in model:
         raise InputError(f"unknown model '{model}': not a file and not in the catalog "
                              "(try a catalog alias such as llama-3.1-8b, or a Hub id org/name)")
-    return _from_hub(model), model
+    return None, model
+
+
+def load_config(model: str) -> tuple[dict, str]:
+    """(config dict, display name) for a path, catalog name or hub id."""
+    path, name = _source(model)
+    return (_read_json(path) if path is not None else _from_hub(model)), name
+
+
+def load_spec(model: str) -> ModelSpec:
+    """The ModelSpec of a path, catalog name or hub id. Memoised on what is read: a config file's
+    bytes (read again each call, so an edited file or another working folder counts), a hub id's
+    config (asked once per process)."""
+    path, name = _source(model)
+    if path is None:
+        return _hub_spec(model)
+    return _spec_of(_read_bytes(path), name, str(path))
 
 
 @lru_cache(maxsize=256)
-def load_spec(model: str) -> ModelSpec:
-    """The ModelSpec of a path, catalog name or hub id (cached per string)."""
-    cfg, name = load_config(model)
-    return spec_from_config(cfg, name)
+def _spec_of(raw: bytes, name: str, shown: str) -> ModelSpec:
+    return spec_from_config(_parse_json(raw, shown), name)
+
+
+@lru_cache(maxsize=64)
+def _hub_spec(model_id: str) -> ModelSpec:
+    return spec_from_config(_from_hub(model_id), model_id)

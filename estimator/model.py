@@ -65,6 +65,11 @@ class ModelSpec:
             object.__setattr__(self, "_hash", cached)
         return cached
 
+    def __getstate__(self) -> dict:
+        # A str's hash differs between processes (PYTHONHASHSEED): a pickled or copied spec must
+        # not carry the cached one, or it would hash unlike an equal spec where it lands.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @cached_property
     def fingerprint(self) -> str:
         """8 hex digits of a hash of the architecture (stable across processes, name excluded)."""

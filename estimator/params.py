@@ -71,6 +71,17 @@ class ParamCounts:
                 + self.router + self.linear_weights + self.linear_biases)
 
     @cached_property
+    def dense_fraction(self) -> float:
+        """Share of the linear weights outside MoE experts."""
+        return sum(lin.weight_params for lin in self.linears if not lin.expert) / max(self.linear_weights, 1)
+
+    @cached_property
+    def attention_weights(self) -> int:
+        """Attention projection weights of the whole model (elements)."""
+        return sum(lin.d_in * lin.d_out for lin in self.linears
+                   if lin.role in ATTENTION_ROLES)
+
+    @cached_property
     def active(self) -> int:
         """Parameters used per token: all but the unrouted experts (MoE); equals total for dense."""
         idle = self.expert_weights + sum(l.bias_params for l in self.linears if l.expert)

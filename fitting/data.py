@@ -13,8 +13,10 @@ Columns of `Dataset.frame` (bytes int-valued floats, seconds float, NaN = not me
 `group` (architecture fingerprint: the leave-one-model-out unit), `model`, `family`
 (model_type), `attn`, `method`, `training`, `params_total`, `params_active`, `tokens`
 (batch x seq), `world_size`, `grad_accum`, `new_tokens`; measured `m_<quantity>`; raw
-predictions `raw_<quantity>`; components `acts`, `logits`, `temps`, `fwd`, `step` (the two
-training working sets as estimator.memory assembles them), `paged`; time inputs `hw_flops`
+predictions `raw_<quantity>`; components `acts`, `logits`, `temps` (unrounded), `persistent`,
+`fwd`, `step` (the persistent states and the two working sets from estimator.memory.working_sets,
+the function the estimator's assembly uses: training forward/backward and optimizer step,
+inference prefill and dequantized weight), `paged`; time inputs `hw_flops`
 (hardware FLOPs per optimizer step), `peak_flops` (FLOP/s), `exposed_comm_s`, `prefill_flops`,
 `decode_bytes` (bytes read per generated token), `bandwidth` (bytes/s); versions.
 """
@@ -34,7 +36,7 @@ from estimator.api import estimate
 from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.flops import prefill_flops, training_flops
-from estimator.memory import kv_cache_bytes
+from estimator.memory import kv_cache_bytes, working_sets
 from estimator.params import count_params
 from estimator.timing import peak_flops
 from estimator.workload import Workload
@@ -249,10 +251,9 @@ def _merge_ranks(rows: pd.DataFrame) -> pd.DataFrame:
 def _features(w: Workload, gpu_slug: str, row) -> dict:
     """The estimator's uncalibrated predictions and the components the factor models use."""
     est = estimate(w, gpu_slug, "none")
-    m, t, gpu = est.raw_memory, est.time, est.gpu
+    m, t, gpu, parts = est.raw_memory, est.time, est.gpu, est.components
     p = count_params(w.model)
-    accumulated = m.gradients_bytes if w.grad_accum > 1 else 0
-    common = m.autocast_weight_cache_bytes + m.quant_workspace_bytes + accumulated
+    persistent, first, second = working_sets(parts)   # as estimator.memory.assemble adds them up
     out = {
         "group": w.model.fingerprint, "model": w.model.name, "family": w.model.model_type,
         "attn": w.attn, "method": w.method, "training": w.training, "params_total": float(p.total),
@@ -263,10 +264,9 @@ def _features(w: Workload, gpu_slug: str, row) -> dict:
         "raw_peak_reserved_bytes": float(m.peak_reserved_bytes),
         "raw_device_used_bytes": float(m.device_used_bytes),
         "raw_context_bytes": float(m.cuda_context_bytes), "raw_step_s": t.step_s,
-        "acts": float(m.activations_bytes), "logits": float(m.logits_and_loss_bytes),
-        "temps": float(m.optimizer_temporaries_bytes), "paged": float(m.paged_optimizer_bytes),
-        "fwd": float(m.activations_bytes + m.logits_and_loss_bytes + common) if w.training else 0.0,
-        "step": float(m.gradients_bytes + m.optimizer_temporaries_bytes) if w.training else 0.0,
+        "acts": float(parts.activations), "logits": float(parts.logits_and_loss),
+        "temps": float(parts.optimizer_temporaries), "paged": float(m.paged_optimizer_bytes),
+        "persistent": float(persistent), "fwd": float(first), "step": float(second),
         "peak_flops": peak_flops(gpu, w), "exposed_comm_s": t.exposed_comm_s,
         "bandwidth": float(gpu.memory_bandwidth_bytes_per_s),
         "hw_flops": w.grad_accum * training_flops(w).hardware_flops if w.training else 0.0,

@@ -1,12 +1,13 @@
 """The factor models: small, bounded, robust fits whose every factor has a meaning.
 
-Each model mirrors how estimator.calibration.apply_memory / estimator.api apply the factor, so a
-fitted factor means exactly what the estimator does with it.
+Each model mirrors how estimator.memory.assemble (through estimator.calibration.apply_memory) and
+estimator.api apply the factor, so a fitted factor means exactly what the estimator does with it.
 
 1. Peak allocated [B] (`_fit_allocated`), one robust least-squares fit over all points:
-     training:  raw + max(fwd + (s-1) acts + (l-1) logits, step + (t-1) temps) - max(fwd, step) + c
-     inference: raw + (s_inf - 1) acts + c
-   s = `activation_scale["model_type|attn"]`, s_inf = `inference_activation_scale[...]`,
+     persistent + max(fwd + (s-1) acts + (l-1) logits, step + (t-1) temps) + c
+   persistent, fwd and step are estimator.memory.working_sets of the point's components (training:
+   forward/backward and optimizer step; inference: prefill and a dequantized weight, logits and
+   temps 0); s = `activation_scale["model_type|attn"]` (inference: `inference_activation_scale`),
    l = `logits_scale`, t = `optimizer_temporaries_scale`, c = `allocated_constant_bytes`.
    Residuals are relative ((pred - measured) / measured) under a soft-L1 loss (scale 2 %), so a
    few wrong points pull little; bounds keep every factor physical (scales in [0.2, 5], c >= 0);
@@ -98,10 +99,10 @@ class AllocatedProblem:
         index = {name: i for i, name in enumerate(self.names)}
         self.act_index = np.array([index.get(("act" if t else "inf", k), -1) for t, k in zip(train, keys)])
         self.meas = rows["m_peak_allocated_bytes"].to_numpy(float)
-        self.raw = rows["raw_peak_allocated_bytes"].to_numpy(float)
         self.acts, self.logits, self.temps = (rows[c].to_numpy(float) for c in ("acts", "logits", "temps"))
+        # persistent states and the two working sets, from estimator.memory.working_sets (fitting.data)
+        self.persistent = rows["persistent"].to_numpy(float)
         self.fwd, self.step = rows["fwd"].to_numpy(float), rows["step"].to_numpy(float)
-        self.base = np.where(train, np.maximum(self.fwd, self.step), 0.0)
 
     def x0(self) -> np.ndarray:
         return np.array([0.0 if kind == "const" else 1.0 for kind, _ in self.names])
@@ -117,17 +118,19 @@ class AllocatedProblem:
     def _get(self, x: np.ndarray, kind: str, default: float) -> float:
         return x[self.names.index((kind, ""))] if (kind, "") in self.names else default
 
-    def phases(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The scaled forward/backward and optimizer-step working sets (bytes)."""
+    def phases(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The two working sets with the factors applied (bytes): each scale multiplies its
+        component inside the working set that holds it, as estimator.memory.working_sets does
+        (training: forward/backward and optimizer step; inference: prefill and a dequantized
+        weight, where logits and temporaries are 0). Also the activation scale of each row."""
         s = np.where(self.act_index >= 0, x[np.maximum(self.act_index, 0)] if len(x) else 1.0, 1.0)
         fwd = self.fwd + (s - 1.0) * self.acts + (self._get(x, "logits", 1.0) - 1.0) * self.logits
         step = self.step + (self._get(x, "temps", 1.0) - 1.0) * self.temps
         return fwd, step, s
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        fwd, step, s = self.phases(x)
-        delta = np.where(self.train, np.maximum(fwd, step) - self.base, (s - 1.0) * self.acts)
-        return self.raw + delta + self._get(x, "const", 0.0) * GiB
+        fwd, step, _ = self.phases(x)
+        return self.persistent + np.maximum(fwd, step) + self._get(x, "const", 0.0) * GiB
 
     def residuals(self, x: np.ndarray) -> np.ndarray:
         rel = (self.predict(x) - self.meas) / self.meas
@@ -136,7 +139,7 @@ class AllocatedProblem:
     def binding(self, x: np.ndarray) -> dict:
         """How many points each factor acts on at the peak."""
         fwd, step, _ = self.phases(x)
-        fwd_peak = ~self.train | (fwd >= step)
+        fwd_peak = fwd >= step
         out = {}
         for i, (kind, key) in enumerate(self.names):
             if kind in ("act", "inf"):

@@ -328,6 +328,34 @@ def test_logits_and_loss(llama):
     assert m.logits_and_loss_bytes == 12 * V * 2 * 32 == 768_000
 
 
+def _lora_saved_per_layer_token(rank: int) -> int:
+    """What one tiny-Llama layer saves per token for LoRA on q_proj, v_proj in pure bf16 (sdpa):
+    two RMSNorms save their fp32 input and rsqrt (4H + 4 each; the frozen norm weight needs no
+    normalized tensor); the q and v adapters each cast the normed input to fp32 for lora_A
+    (2 x 4H); SDPA saves q, k, v (2 x (64 + 32 + 32)), its output (2 x 64) and an fp32
+    log-sum-exp per head (4 x 4), o_proj is frozen and needs no input; the SwiGLU MLP saves the
+    gate output (silu's input), silu's output and up (3 x 2I; the frozen down_proj needs no
+    product); each lora_B saves lora_A's rank-wide fp32 output (2 adapters x 4 x rank)."""
+    norms = 2 * (4 * H + 4)
+    adapter_inputs = 2 * 4 * H
+    attention = 2 * (Q_DIM + 2 * KV_DIM) + 2 * Q_DIM + 4 * 4
+    mlp = 3 * 2 * I
+    adapter_outputs = 2 * 4 * rank
+    return norms + adapter_inputs + attention + mlp + adapter_outputs
+
+
+def test_lora_activations_grow_with_rank_by_hand(llama):
+    # tokens 2 x 64; the final norm's input (4H + 4) is saved, the first layer's input norm is not
+    # (a frozen embedding: its input needs no gradient), so the two cancel outside the layers
+    tokens = 2 * 64
+    expected = {r: L * _lora_saved_per_layer_token(r) * tokens for r in (16, 64)}
+    assert expected == {16: 669_696, 64: 768_000}
+    # both orders in one process: the answer must not depend on which rank was estimated first
+    for rank in (16, 64, 16, 64):
+        m = mem(llama, method="lora", lora_rank=rank, batch=2, seq=64)
+        assert m.activations_bytes == expected[rank], rank
+
+
 def test_kv_cache_tiny(llama):
     # 2 (K,V) x layers 2 x batch 2 x tokens (10+6) x kv width 32 x 2 B
     assert mem(llama, method="inference", batch=2, seq=10, new_tokens=6).kv_cache_bytes == 2 * 2 * 2 * 16 * 32 * 2

@@ -108,6 +108,21 @@ def test_more_lora_targets_and_rank_more_adapters(l8b):
     assert more > base
 
 
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("order", [(16, 64, 256), (256, 64, 16)])
+def test_higher_lora_rank_more_activations(l8b, method, order):
+    """Each lora_B saves lora_A's rank-wide output for its backward, so saved activations grow
+    with the rank, and by the same bytes per rank step whichever rank the process saw first
+    (an activation cache keyed without the rank once answered from the first rank it saw)."""
+    kw = dict(method=method, batch=4, seq=1024, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    acts = {r: mem(l8b, lora_rank=r, **kw).activations_bytes for r in order}
+    assert acts[16] < acts[64] < acts[256]
+    # linear in the rank: the 64 -> 256 step is 4 times the 16 -> 64 step
+    assert acts[256] - acts[64] == 4 * (acts[64] - acts[16])
+    ckpt = {r: mem(l8b, lora_rank=r, grad_ckpt=True, **kw).activations_bytes for r in order}
+    assert ckpt[16] < ckpt[256]   # the layer the backward recomputes holds the adapters' outputs too
+
+
 def test_qlora_weights_below_lora_weights(l8b):
     lora = mem(l8b, method="lora")
     qlora = mem(l8b, method="qlora", quant="nf4")
