@@ -1,5 +1,7 @@
 """Answers built on `estimate()`: which GPUs fit and how many, the largest batch or sequence that
-fits, the cheapest setup that meets a deadline, and the compute-optimal model size for a budget."""
+fits, the cheapest setup that meets a deadline, the changes that would make a workload fit, and
+the compute-optimal model size for a budget. Each returns a result object; estimator/report.py
+renders them."""
 
 from __future__ import annotations
 
@@ -61,6 +63,44 @@ class FitRow:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def advice(result: Estimate, calibration: str = "auto") -> list[str]:
+    """Changes that would make a workload fit (tried one at a time), as command-line flags, when it
+    does not; last, how many GPUs it needs."""
+    if result.fits:
+        return []
+    w, slug = result.workload, result.gpu.slug
+    tries = []
+    if w.training and not w.grad_ckpt:
+        tries.append(("--grad-ckpt", dict(grad_ckpt=True)))
+    if w.batch > 1:
+        tries.append((f"--batch {max(1, w.batch // 2)} --grad-accum {w.grad_accum * 2}",
+                      dict(batch=max(1, w.batch // 2), grad_accum=w.grad_accum * 2)))
+    if w.training and w.batch > 1 and not w.grad_ckpt:
+        tries.append((f"--grad-ckpt --batch 1 --grad-accum {w.grad_accum * w.batch}",
+                      dict(grad_ckpt=True, batch=1, grad_accum=w.grad_accum * w.batch)))
+    if w.method == "full":
+        tries.append(("--method lora", dict(method="lora")))
+        tries.append(("--method qlora", dict(method="qlora", quant="nf4", precision="bf16")))
+        if w.optimizer == "adamw":
+            tries.append(("--optimizer adamw-8bit", dict(optimizer="adamw-8bit")))
+    if w.method == "lora":
+        tries.append(("--method qlora", dict(method="qlora", quant="nf4")))
+    if w.method == "inference" and w.quant == "none":
+        tries.append(("--quant nf4", dict(quant="nf4")))
+    out = []
+    for flag, change in tries:
+        try:
+            if estimate(w.with_(**change), slug, calibration).fits:
+                out.append(flag)
+        except InputError:
+            continue
+    need = gpus_needed(w, slug, calibration)
+    if need is not None:
+        out.append(f"{need.workload.world_size} x {slug}"
+                   + (f" (--gpus {need.workload.gpus} --nodes {need.workload.nodes})" if w.training else ""))
+    return out
 
 
 def fit_table(w: Workload, calibration: str = "auto", price_path: str | None = None) -> list[FitRow]:
@@ -161,6 +201,32 @@ def compute_optimal(flops: float) -> ComputeOptimal:
     n3 = g * (flops / 6.0) ** a
     d3 = (flops / 6.0) ** b / g
     return ComputeOptimal(flops, params, params * CHINCHILLA_TOKENS_PER_PARAM, n3, d3, CHINCHILLA_SOURCE)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A compute budget (GPUs x hours at an achieved MFU) and its compute-optimal model."""
+
+    gpu: str
+    gpus: int
+    hours: float
+    mfu: float
+    optimal: ComputeOptimal
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "gpus": self.gpus, "hours": self.hours, "mfu": self.mfu,
+                **self.optimal.to_dict()}
+
+
+def chinchilla(slug: str, n_gpus: int, hours: float | None, mfu: float | None = None) -> Budget:
+    """The compute-optimal model for `n_gpus` GPUs of `slug` over `hours` (MFU: the table's for a
+    full fine-tune unless given)."""
+    if hours is None:
+        raise InputError("--chinchilla needs --hours (wall-clock budget) with --gpu and --gpus")
+    mfu = mfu if mfu is not None else tables.mfu_default("full", slug).mfu
+    if not 0 < mfu < 1:
+        raise InputError("--mfu must be between 0 and 1")
+    return Budget(slug, n_gpus, hours, mfu, compute_optimal(budget_flops(slug, n_gpus, hours, mfu)))
 
 
 def budget_flops(slug: str, n_gpus: int, hours: float, mfu: float, dtype: str = "bf16") -> float:

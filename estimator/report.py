@@ -1,30 +1,19 @@
-"""The command line's logic: arguments -> Workload -> library answer -> JSON object and table.
+"""Renderings of the estimator's answers: each function takes the library's result objects as
+explicit parameters and returns a `Result`: `.data` (what `--json` prints) and `.text` (the table).
 
-`scripts/estimate.py` stays thin: it parses, calls `run`, and prints `.data` (with --json) or
-`.text`. Tables are renderings of the same object.
+scripts/estimate.py parses its flags (estimator/flags.py), asks estimator.api / estimator.planner,
+and prints one of these. Nothing here reads command-line arguments.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 
-from estimator import planner, tables
-from estimator.api import Estimate, JobSpec, estimate
-from estimator.configs import load_spec
-from estimator.errors import InputError
-from estimator.params import ALL_LINEAR
+from estimator import tables
+from estimator.api import Estimate
+from estimator.planner import Budget, FitRow
 from estimator.units import GiB
 from estimator.workload import Workload
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse for our command lines: a usage error is one line on stderr and exit code 2."""
-
-    def error(self, message: str):
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 @dataclass(frozen=True)
@@ -37,81 +26,11 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / GiB:8.2f} GiB"
 
 
-def workload_from_args(args) -> Workload:
-    if not args.model:
-        raise InputError("--model is required (a config.json path, catalog name or Hub id)")
-    targets = ALL_LINEAR if args.lora_targets.strip().lower() == "all-linear" else tuple(
-        t.strip() for t in args.lora_targets.split(",") if t.strip())
-    quant = args.quant or ("nf4" if args.method == "qlora" else "none")
-    return Workload(
-        model=load_spec(args.model), method=args.method, precision=args.precision,
-        optimizer=args.optimizer, adamw_impl=args.adamw_impl, batch=args.batch, seq=args.seq,
-        new_tokens=args.new_tokens, grad_accum=args.grad_accum, lora_rank=args.lora_rank,
-        lora_targets=targets, grad_ckpt=args.grad_ckpt, attn=args.attn, quant=quant,
-        double_quant=not args.no_double_quant, gpus=args.gpus, nodes=args.nodes, zero=args.zero,
-        offload=args.offload, tp=args.tp, pp=args.pp,
-    ).validate()
-
-
-def _job(args) -> JobSpec | None:
-    if args.samples is None:
-        return None
-    if args.samples <= 0 or args.epochs <= 0 or args.retry_factor < 1.0:
-        raise InputError("--samples and --epochs must be positive and --retry-factor at least 1")
-    return JobSpec(args.samples, args.epochs, args.retry_factor, args.price_table, args.provider)
-
-
-def run(args) -> Result:
-    if args.chinchilla:
-        return _chinchilla(args)
-    w = workload_from_args(args)
-    if args.fit_gpus:
-        return _fit_gpus(w, args)
-    if args.max_batch or args.max_seq:
-        return _max(w, args)
-    if args.cheapest:
-        return _cheapest(w, args)
-    result = estimate(w, args.gpu, args.calibration, _job(args), args.inter_node)
+def estimate(result: Estimate, advice: list[str]) -> Result:
+    """One estimate with the changes that would make it fit (planner.advice)."""
     data = result.to_dict()
-    data["advice"] = advice(result, args.calibration)
+    data["advice"] = list(advice)
     return Result(data, render_estimate(result, data["advice"]))
-
-
-def advice(result: Estimate, calibration: str) -> list[str]:
-    """Changes that would make a workload fit (tried one at a time), when it does not."""
-    if result.fits:
-        return []
-    w, slug = result.workload, result.gpu.slug
-    tries = []
-    if w.training and not w.grad_ckpt:
-        tries.append(("--grad-ckpt", dict(grad_ckpt=True)))
-    if w.batch > 1:
-        tries.append((f"--batch {max(1, w.batch // 2)} --grad-accum {w.grad_accum * 2}",
-                      dict(batch=max(1, w.batch // 2), grad_accum=w.grad_accum * 2)))
-    if w.training and w.batch > 1 and not w.grad_ckpt:
-        tries.append((f"--grad-ckpt --batch 1 --grad-accum {w.grad_accum * w.batch}",
-                      dict(grad_ckpt=True, batch=1, grad_accum=w.grad_accum * w.batch)))
-    if w.method == "full":
-        tries.append(("--method lora", dict(method="lora")))
-        tries.append(("--method qlora", dict(method="qlora", quant="nf4", precision="bf16")))
-        if w.optimizer == "adamw":
-            tries.append(("--optimizer adamw-8bit", dict(optimizer="adamw-8bit")))
-    if w.method == "lora":
-        tries.append(("--method qlora", dict(method="qlora", quant="nf4")))
-    if w.method == "inference" and w.quant == "none":
-        tries.append(("--quant nf4", dict(quant="nf4")))
-    out = []
-    for flag, change in tries:
-        try:
-            if estimate(w.with_(**change), slug, calibration).fits:
-                out.append(flag)
-        except InputError:
-            continue
-    need = planner.gpus_needed(w, slug, calibration)
-    if need is not None:
-        out.append(f"{need.workload.world_size} x {slug}"
-                   + (f" (--gpus {need.workload.gpus} --nodes {need.workload.nodes})" if w.training else ""))
-    return out
 
 
 def _calibration_lines(result: Estimate) -> list[str]:
@@ -168,8 +87,8 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _fit_gpus(w: Workload, args) -> Result:
-    rows = planner.fit_table(w, args.calibration, args.price_table)
+def fit_gpus(w: Workload, rows: list[FitRow]) -> Result:
+    """planner.fit_table: for every GPU, how many are needed."""
     data = {"workload": w.id, "gpus": [r.to_dict() for r in rows]}
     lines = [f"{w.id}", f"{'gpu':<16}{'needed':>8}{'used/GPU':>14}{'memory':>14}{'step s':>10}{'$/GPU-h':>9}"]
     for r in rows:
@@ -180,24 +99,17 @@ def _fit_gpus(w: Workload, args) -> Result:
     return Result(data, "\n".join(lines))
 
 
-def _max(w: Workload, args) -> Result:
-    if args.max_batch:
-        value = planner.max_batch(w, args.gpu, args.calibration)
-        key, label = "max_batch", "largest micro-batch"
-    else:
-        value = planner.max_seq(w, args.gpu, args.calibration)
-        key, label = "max_seq", "longest sequence"
-    data = {"workload": w.id, "gpu": args.gpu, key: value}
-    return Result(data, f"{label} that fits one {tables.gpu(args.gpu).name}: {value}"
+def largest(w: Workload, gpu: str, field: str, value: int) -> Result:
+    """planner.max_batch (field "batch") or planner.max_seq (field "seq") on one GPU of `gpu`."""
+    label = {"batch": "largest micro-batch", "seq": "longest sequence"}[field]
+    data = {"workload": w.id, "gpu": gpu, f"max_{field}": value}
+    return Result(data, f"{label} that fits one {tables.gpu(gpu).name}: {value}"
                   + ("" if value else " (even 1 does not fit)"))
 
 
-def _cheapest(w: Workload, args) -> Result:
-    job = _job(args)
-    if job is None or args.deadline_hours is None or args.deadline_hours <= 0:
-        raise InputError("--cheapest needs --samples and a positive --deadline-hours")
-    found = planner.cheapest(w, job, args.deadline_hours * 3600.0, args.calibration)
-    data = {"workload": w.id, "deadline_hours": args.deadline_hours,
+def cheapest(w: Workload, deadline_hours: float, found: list[Estimate]) -> Result:
+    """planner.cheapest: setups meeting the deadline, cheapest first."""
+    data = {"workload": w.id, "deadline_hours": deadline_hours,
             "setups": [{"gpu": e.gpu.slug, "gpus": e.workload.world_size, "job_hours": e.job.job_s / 3600,
                         "cost_usd": e.job.cost_usd, "device_used_bytes": e.memory.device_used_bytes}
                        for e in found]}
@@ -209,31 +121,17 @@ def _cheapest(w: Workload, args) -> Result:
     return Result(data, "\n".join(lines))
 
 
-def _chinchilla(args) -> Result:
-    if args.hours is None:
-        raise InputError("--chinchilla needs --hours (wall-clock budget) with --gpu and --gpus")
-    mfu = args.mfu if args.mfu is not None else tables.mfu_default("full", args.gpu).mfu
-    if not 0 < mfu < 1:
-        raise InputError("--mfu must be between 0 and 1")
-    n = args.gpus * args.nodes
-    flops = planner.budget_flops(args.gpu, n, args.hours, mfu)
-    opt = planner.compute_optimal(flops)
-    data = {"gpu": args.gpu, "gpus": n, "hours": args.hours, "mfu": mfu, **opt.to_dict()}
-    text = (f"{n} x {args.gpu} for {args.hours:g} h at MFU {mfu:.2f}: {flops:.3g} FLOPs\n"
+def chinchilla(budget: Budget) -> Result:
+    """planner.chinchilla: the compute-optimal model of a budget."""
+    opt = budget.optimal
+    text = (f"{budget.gpus} x {budget.gpu} for {budget.hours:g} h at MFU {budget.mfu:.2f}: {opt.flops:.3g} FLOPs\n"
             f"compute-optimal (~20 tokens/param): {opt.params / 1e9:.2f} B params on {opt.tokens / 1e9:.1f} B tokens\n"
             f"parametric fit (approach 3): {opt.params_parametric / 1e9:.2f} B params on "
             f"{opt.tokens_parametric / 1e9:.1f} B tokens\nsource: {opt.source}")
-    return Result(data, text)
+    return Result(budget.to_dict(), text)
 
 
 # ---- --trace: the fake-tensor trace beside the analytic estimate ----------------------------------
-
-def trace_request_error(args) -> str | None:
-    """Why --trace cannot apply to these arguments, or None."""
-    if args.fit_gpus or args.max_batch or args.max_seq or args.cheapest or args.chinchilla:
-        return "--trace applies to a single estimate (not --fit-gpus, --max-batch, --max-seq, --cheapest, --chinchilla)"
-    return None
-
 
 def with_trace(result: Result, traced: dict) -> Result:
     """The estimate with the trace beside it: `traced` is profiler.trace.TraceResult.to_dict()

@@ -6,7 +6,7 @@ optimizer, sizes, parallelism. `validate()` turns impossible combinations into I
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from estimator.errors import InputError
 from estimator.tables import dtype_bytes
@@ -24,32 +24,58 @@ ZERO_STAGES = (0, 1, 2, 3)
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama-style models
 
 
+def lora_targets_from_text(text: str) -> tuple[str, ...]:
+    """`lora_targets` from its text form: a comma list of module roles, or all-linear."""
+    if text.strip().lower() == "all-linear":
+        return ALL_LINEAR
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def method_defaults(values: dict) -> dict:
+    """Settings as given plus what the method implies when not given: qlora stores nf4 weights.
+    (The command lines and sweep files share this convenience.)"""
+    if values.get("method") == "qlora" and "quant" not in values:
+        return {**values, "quant": "nf4"}
+    return values
+
+
 @dataclass(frozen=True)
 class Workload:
     """One job. Sizes: `batch` is the micro-batch per GPU, `seq` tokens per sample (the prompt
     for inference), `new_tokens` generated tokens (inference), `gpus` GPUs per node."""
 
-    model: ModelSpec
-    method: str = "full"
-    precision: str = "bf16"
-    optimizer: str = "adamw"
-    adamw_impl: str = "fused"       # HF Trainer's default optim is adamw_torch_fused (torch >= 2.8)
-    batch: int = 1
-    seq: int = 512
-    new_tokens: int = 0
-    grad_accum: int = 1
-    lora_rank: int = 16
-    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
-    grad_ckpt: bool = False
-    attn: str = "sdpa"
-    quant: str = "none"
-    double_quant: bool = True
-    gpus: int = 1
-    nodes: int = 1
-    zero: int = 0
-    offload: str = "none"
-    tp: int = 1
-    pp: int = 1
+    # Each field's metadata is its command-line flag (estimator/flags.py builds the flags of
+    # scripts/estimate.py and scripts/profile.py from it): help, and where needed choices, metavar
+    # and `parse` (text -> value). A bool defaulting to True becomes --no-<name>.
+    model: ModelSpec = field(metadata=dict(
+        help="config.json path (or its folder), catalog name (llama-3.1-8b) or Hub id", metavar="MODEL"))
+    method: str = field(default="full", metadata=dict(help="what the job does", choices=METHODS))
+    precision: str = field(default="bf16", metadata=dict(
+        help="weights and compute dtype (amp-*: fp32 weights under autocast)", choices=PRECISIONS))
+    optimizer: str = field(default="adamw", metadata=dict(help="optimizer", choices=OPTIMIZERS))
+    # HF Trainer's default optim is adamw_torch_fused (torch >= 2.8)
+    adamw_impl: str = field(default="fused", metadata=dict(
+        help="torch AdamW implementation (HF Trainer default: fused)", choices=ADAMW_IMPLS))
+    batch: int = field(default=1, metadata=dict(help="micro-batch per GPU", metavar="B"))
+    seq: int = field(default=512, metadata=dict(help="tokens per sample (the prompt for inference)",
+                                                metavar="S"))
+    new_tokens: int = field(default=0, metadata=dict(help="generated tokens (inference)", metavar="N"))
+    grad_accum: int = field(default=1, metadata=dict(help="gradient accumulation steps", metavar="K"))
+    lora_rank: int = field(default=16, metadata=dict(help="LoRA rank", metavar="R"))
+    lora_targets: tuple[str, ...] = field(default=DEFAULT_LORA_TARGETS, metadata=dict(
+        help="comma list of module roles, or all-linear", metavar="q_proj,v_proj|all-linear",
+        parse=lora_targets_from_text))
+    grad_ckpt: bool = field(default=False, metadata=dict(help="gradient checkpointing"))
+    attn: str = field(default="sdpa", metadata=dict(help="attention implementation", choices=ATTENTIONS))
+    quant: str = field(default="none", metadata=dict(
+        help="bitsandbytes weights (default: nf4 with --method qlora, else none)", choices=QUANTS))
+    double_quant: bool = field(default=True, metadata=dict(help="QLoRA without double quantization"))
+    gpus: int = field(default=1, metadata=dict(help="GPUs per node", metavar="N"))
+    nodes: int = field(default=1, metadata=dict(help="nodes", metavar="N"))
+    zero: int = field(default=0, metadata=dict(help="DeepSpeed ZeRO stage", choices=ZERO_STAGES))
+    offload: str = field(default="none", metadata=dict(help="ZeRO offload to the host", choices=OFFLOADS))
+    tp: int = field(default=1, metadata=dict(help="tensor parallel degree", metavar="N"))
+    pp: int = field(default=1, metadata=dict(help="pipeline parallel degree", metavar="N"))
 
     @property
     def training(self) -> bool:

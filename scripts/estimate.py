@@ -9,7 +9,9 @@ Examples:
   python scripts/estimate.py --chinchilla --gpu a100-80gb --gpus 1 --hours 72
   python scripts/estimate.py --model llama-3.2-1b --method lora --batch 4 --seq 2048 --trace
 
-Bad input prints one line on stderr and exits 2.
+The workload flags come from estimator/flags.py (shared with profile.py); the answers from
+estimator.api and estimator.planner; the tables from estimator/report.py (--json prints the same
+object). Bad input prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
@@ -21,37 +23,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from estimator import flags, planner, report  # noqa: E402
+from estimator.api import JobSpec, estimate  # noqa: E402
 from estimator.errors import InputError  # noqa: E402
-from estimator import report  # noqa: E402
-from estimator.report import OneLineParser  # noqa: E402
+
+_QUESTIONS = ("fit_gpus", "max_batch", "max_seq", "cheapest", "chinchilla")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="estimate.py", description="Predict GPU memory, time and cost of an LLM job.")
-    p.add_argument("--model", help="config.json path, catalog name (llama-3.1-8b) or Hub id")
-    p.add_argument("--method", choices=["full", "lora", "qlora", "inference"], default="full")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "amp-fp16", "amp-bf16"], default="bf16")
-    p.add_argument("--optimizer", choices=["adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit",
-                                           "sgd", "adafactor"], default="adamw")
-    p.add_argument("--adamw-impl", choices=["fused", "foreach", "single"], default="fused",
-                   help="torch AdamW implementation (HF Trainer default: fused)")
-    p.add_argument("--batch", type=int, default=1, help="micro-batch per GPU")
-    p.add_argument("--seq", type=int, default=512, help="tokens per sample (the prompt for inference)")
-    p.add_argument("--new-tokens", type=int, default=0, help="generated tokens (inference)")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lora-rank", type=int, default=16)
-    p.add_argument("--lora-targets", default="q_proj,v_proj", help="comma list of roles, or all-linear")
-    p.add_argument("--quant", choices=["none", "int8", "nf4", "fp4"], default=None,
-                   help="bitsandbytes weights (qlora default nf4)")
-    p.add_argument("--no-double-quant", action="store_true", help="QLoRA without double quantization")
-    p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing")
-    p.add_argument("--attn", choices=["eager", "sdpa", "flash"], default="sdpa")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs per node")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0)
-    p.add_argument("--offload", choices=["none", "optimizer", "optimizer+params"], default="none")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel degree")
-    p.add_argument("--pp", type=int, default=1, help="pipeline parallel degree")
+    p = flags.OneLineParser(prog="estimate.py", description="Predict GPU memory, time and cost of an LLM job.")
+    flags.add_workload_flags(p)
     p.add_argument("--gpu", default="h100-80gb", help="GPU slug, e.g. a100-80gb, h100-80gb, rtx4090-24gb")
     p.add_argument("--inter-node", default="ib-hdr", help="inter-node interconnect (interconnects.csv)")
     p.add_argument("--calibration", default="auto", help="auto, none, or a calibration table path")
@@ -76,6 +57,36 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _job(args) -> JobSpec | None:
+    if args.samples is None:
+        return None
+    if args.samples <= 0 or args.epochs <= 0 or args.retry_factor < 1.0:
+        raise InputError("--samples and --epochs must be positive and --retry-factor at least 1")
+    return JobSpec(args.samples, args.epochs, args.retry_factor, args.price_table, args.provider)
+
+
+def _answer(args) -> report.Result:
+    """The question the flags ask, answered by the library and rendered by estimator/report.py."""
+    if args.chinchilla:
+        given = flags.given(args)
+        gpus = given.get("gpus", 1) * given.get("nodes", 1)
+        return report.chinchilla(planner.chinchilla(args.gpu, gpus, args.hours, args.mfu))
+    w = flags.workload_from_args(args)
+    if args.fit_gpus:
+        return report.fit_gpus(w, planner.fit_table(w, args.calibration, args.price_table))
+    if args.max_batch or args.max_seq:
+        field, search = ("batch", planner.max_batch) if args.max_batch else ("seq", planner.max_seq)
+        return report.largest(w, args.gpu, field, search(w, args.gpu, args.calibration))
+    job = _job(args)
+    if args.cheapest:
+        if job is None or args.deadline_hours is None or args.deadline_hours <= 0:
+            raise InputError("--cheapest needs --samples and a positive --deadline-hours")
+        found = planner.cheapest(w, job, args.deadline_hours * 3600.0, args.calibration)
+        return report.cheapest(w, args.deadline_hours, found)
+    result = estimate(w, args.gpu, args.calibration, job, args.inter_node)
+    return report.estimate(result, planner.advice(result, args.calibration))
+
+
 def _trace(args) -> dict:
     """profiler.trace on the same Workload (imported here only: the estimator never imports torch)."""
     scripts = os.path.dirname(os.path.abspath(__file__))  # scripts/profile.py would shadow stdlib profile
@@ -90,7 +101,7 @@ def _trace(args) -> dict:
     from estimator.configs import load_config
 
     try:
-        return trace(report.workload_from_args(args), load_config(args.model)[0]).to_dict()
+        return trace(flags.workload_from_args(args), load_config(args.model)[0]).to_dict()
     except NotImplementedError as exc:
         raise InputError(f"--trace: {exc}") from None
 
@@ -98,19 +109,16 @@ def _trace(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.trace and report.trace_request_error(args):
-            raise InputError(report.trace_request_error(args))
-        result = report.run(args)
+        if args.trace and any(getattr(args, q) for q in _QUESTIONS):
+            raise InputError("--trace applies to a single estimate (not --fit-gpus, --max-batch, --max-seq, "
+                             "--cheapest, --chinchilla)")
+        result = _answer(args)
         if args.trace:
             result = report.with_trace(result, _trace(args))
     except InputError as exc:
         print(f"estimate.py: error: {exc}", file=sys.stderr)
         return 2
-    try:
-        print(json.dumps(result.data, indent=2) if args.json else result.text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `| head` closed the pipe: not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    flags.print_stdout(json.dumps(result.data, indent=2) if args.json else result.text)
     return 0
 
 

@@ -27,3 +27,23 @@ def test_every_result_column_is_documented():
     missing = [c for c in COLUMN_NAMES if f"`{c}`" not in section]
     assert not missing, f"undocumented columns: {missing}"
     assert set(WORKLOAD_COLUMNS) < set(COLUMN_NAMES)
+
+
+def _section(title: str) -> str:
+    start = README.index(title)
+    end = README.find("\n## ", start + len(title))
+    return README[start:end if end > 0 else None]
+
+
+def test_every_command_line_flag_is_documented():
+    from tests.scripts_loader import load_script
+
+    from estimator.flags import FLAGS
+
+    workload = {flag.option for flag in FLAGS}
+    for script, title, skip in (("estimate", "## The command line", set()),
+                                ("profile", "## Profiling: `scripts/profile.py`", workload)):
+        section = _section(title)
+        options = {o for a in load_script(script)._parser()._actions for o in a.option_strings}
+        missing = sorted(o for o in options - skip - {"-h", "--help"} if o not in section)
+        assert not missing, f"{script}.py flags missing from README's {title!r}: {missing}"
