@@ -19,7 +19,7 @@ from estimator.memory import round_up
 from estimator.configs import load_spec
 from estimator.errors import InputError
 from estimator.workload import Workload
-from profiler.record import COLUMN_NAMES, empty_row, workload_columns
+from profiler.record import COLUMN_NAMES, new_row
 
 MiB = 2**20
 TRUE_FACTORS = {
@@ -95,12 +95,9 @@ def rows(gpu: str = "h100-80gb", factors: dict | None = None, noise: float = 0.0
             continue
         m, t = est.memory, est.time
         for rank in range(w.world_size):
-            row = empty_row()
-            row.update(workload_columns(w))
-            row.update(id=w.id, model=_alias(w), model_type=w.model.model_type,
-                       status="ok", message="", backend=backend, rank=rank, world_size=w.world_size,
-                       warmup=2, steps=5, started_at=f"2026-11-22T{len(out) // 60:02d}:{len(out) % 60:02d}:00Z",
-                       gpu_slug="" if backend == "trace" else gpu, **(versions or VERSIONS))
+            row = new_row(None, backend, workload=w, model=_alias(w), status="ok", message="", rank=rank,
+                          warmup=2, steps=5, started_at=f"2026-11-22T{len(out) // 60:02d}:{len(out) % 60:02d}:00Z",
+                          gpu_slug="" if backend == "trace" else gpu, **(versions or VERSIONS))
             if backend == "trace":
                 row["peak_allocated_bytes"] = int(m.peak_allocated_bytes * (1 + noise * rng.standard_normal()))
                 out.append(row)

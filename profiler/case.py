@@ -14,20 +14,23 @@ from dataclasses import asdict, dataclass, field, fields
 from estimator.configs import load_config, load_spec
 from estimator.errors import InputError
 from estimator.workload import Workload
+from profiler.record import parse_lora_targets
 
 _WORKLOAD_FIELDS = {f.name: f for f in fields(Workload) if f.name != "model"}
 
 
 def _normalise(values: dict) -> dict:
-    """Workload fields with lists turned into tuples and defaults dropped (a stable, short form)."""
+    """Workload fields with lists turned into tuples, lora_targets read by
+    record.parse_lora_targets (a comma string, a list, or all-linear) and defaults dropped (a
+    stable, short form)."""
     out = {}
     for key, value in values.items():
         if key not in _WORKLOAD_FIELDS:
             raise InputError(f"unknown workload field '{key}'; known: {', '.join(sorted(_WORKLOAD_FIELDS))}")
-        if isinstance(value, list):
+        if key == "lora_targets":
+            value = parse_lora_targets(value)
+        elif isinstance(value, list):
             value = tuple(value)
-        if key == "lora_targets" and isinstance(value, str):
-            value = tuple(v.strip() for v in value.split(",") if v.strip())
         if value != _WORKLOAD_FIELDS[key].default:
             out[key] = value
     return dict(sorted(out.items()))

@@ -126,18 +126,18 @@ def classify(exc: BaseException) -> tuple[str, str]:
 # ---------------------------------------------------------------- the row
 
 
-def identity_columns(case: Case | None, raw: dict | None) -> dict:
-    """id, model, model_type and the Workload columns, as far as the case can be read."""
-    row = {"model": case.model if case else (raw or {}).get("model")}
-    if case is None:
-        return row
-    try:
-        w = case.workload()
-        row.update(id=w.id, model_type=w.model.model_type, **record.workload_columns(w))
-    except Exception:  # an invalid workload: the error row says why
-        pass
-    row.update(warmup=case.warmup, steps=case.steps)
-    return row
+def new_row(case: Case | None, raw: dict | None, backend: str, **columns) -> dict:
+    """record.new_row of the case, as far as the case can be read: with an unreadable case or an
+    invalid Workload only the model (and warmup, steps) are known; the error row says why."""
+    if case is not None:
+        try:
+            return record.new_row(case, backend, **columns)
+        except Exception:  # an invalid workload: run_case raises it again, for the error row
+            known = {"model": case.model, "warmup": case.warmup, "steps": case.steps}
+    else:
+        model = (raw or {}).get("model")
+        known = {"model": model if isinstance(model, str) else None}
+    return record.new_row(None, backend, **known, **columns)
 
 
 def safe_environment(device: str) -> dict:
@@ -188,7 +188,7 @@ def setup_device(backend: str, local_rank: int):
         return "cpu", None, None
     import torch
 
-    from profiler import nvml
+    from profiler.device import nvml
 
     device = device_name(backend, local_rank)
     handle = nvml.open_device(local_rank)
@@ -299,7 +299,8 @@ def init_process_group(w: Workload, backend: str, world_size: int) -> None:
 
 def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict:
     """Measure the case; the row's measured columns (and gpu environment)."""
-    from profiler import build, measure, nvml
+    from profiler import build, measure
+    from profiler.device import nvml
 
     w = case.workload()
     build.check_packages(w)
@@ -309,15 +310,14 @@ def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict
     init_process_group(w, backend, world_size)
     phases, weights, offload = prepare(case, w, device, world_size)
     probe, source = nvml.used_probe(handle)
-    measured = measure.run(phases, case.warmup, case.steps, device, probe)
-    phase_s = measured.pop("phase_s")
+    measured = measure.run(phases, case.warmup, case.steps, device, probe, context)
     env = safe_environment(device)
-    row = {**measured, **env, "context_bytes": context, "weights_bytes": weights,
-           "device_used_source": source if measured["device_used_bytes"] else None,
+    row = {**measured.columns(), **env, "weights_bytes": weights,
+           "device_used_source": source if measured.device_used_bytes else None,
            "host_offload_bytes": offload() if offload else None}
     if not w.training:
-        row.update(measure.inference_split(w, phase_s))
-    row.update(measure.rates(w, measured["step_s"], env["gpu_slug"]))
+        row.update(measure.inference_split(w, measured.phase_s))
+    row.update(measure.rates(w, measured.step_s, env["gpu_slug"]))
     return row
 
 
@@ -350,8 +350,8 @@ def build_row(args: argparse.Namespace, rank: int, local_rank: int, world_size: 
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     case, raw, problem = read_case(args.case)
     backend = resolve_backend(args.backend)
-    row = {**record.empty_row(), **identity_columns(case, raw), "rank": rank, "world_size": world_size,
-           "started_at": started, "backend": backend, "status": "ok", "message": ""}
+    row = new_row(case, raw, backend, rank=rank, world_size=world_size, started_at=started, status="ok",
+                  message="")
     try:
         if problem is not None:
             raise problem

@@ -5,9 +5,10 @@ named quantity. Per quantity the summary gives n, median |error|, p90 |error| (l
 interpolation between order statistics, numpy's default), the under-estimate rate (share of
 cases predicted below measured: those cost a user an OOM) and the mean signed error (bias).
 
-Which rows are compared: `ok` rows only. A configuration run on several ranks is compared once,
-on the largest value over its ranks (the rank that runs out first, the slowest step). What each
-backend measures (anything else is "not measured", never 0 and never a 100 % error):
+Which rows are compared: a configuration run on several ranks is compared once, on its ranks
+merged by `profiler.record.merge_ranks` (each memory quantity the largest over the ranks, the step
+times of the slowest rank), and only when that merged status is `ok` (no rank ran out of memory or
+failed). What each backend measures (anything else is "not measured", never 0 and never a 100 % error):
 - cuda: every quantity below;
 - trace: peak_allocated_bytes only (a fake-tensor trace has neither allocator segments nor time);
 - cpu: nothing comparable (no device memory; CPU step time says nothing about a GPU).
@@ -26,10 +27,7 @@ from estimator.calibration import TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.units import gib
 from estimator.workload import Workload
-from profiler.case import Case
-from profiler.record import WORKLOAD_COLUMNS
-from profiler.sweep import ROOT, resolve_model
-
+from profiler.record import merge_ranks, workload_from_row
 
 
 @dataclass(frozen=True)
@@ -96,24 +94,9 @@ def _number(value) -> float | None:
 
 # ---- rows -> configurations -------------------------------------------------------------------
 
-def merge_ranks(rows: list[dict]) -> list[dict]:
-    """One row per id among the ok rows: the largest value over ranks for every quantity."""
-    merged: dict[str, dict] = {}
-    for row in rows:
-        if row.get("status") != "ok":
-            continue
-        have = merged.setdefault(row["id"], dict(row))
-        for name in QUANTITY_NAMES:
-            a, b = _number(have.get(name)), _number(row.get(name))
-            have[name] = max(a, b) if a is not None and b is not None else (a if b is None else b)
-    return list(merged.values())
-
-
-def case_from_row(row: dict, base_dirs: list[Path] | None = None) -> Case:
-    """The Case a row was measured for, rebuilt from its model and Workload columns."""
-    model = resolve_model(str(row["model"]), base_dirs or [Path.cwd(), ROOT])
-    settings = {k: row[k] for k in WORKLOAD_COLUMNS if row.get(k) is not None and row.get(k) != ""}
-    return Case(model, settings, int(row.get("warmup") or 0), int(row.get("steps") or 1))
+def ok_configurations(rows: list[dict]) -> list[dict]:
+    """One row per configuration (record.merge_ranks), those whose merged status is ok."""
+    return [row for row in merge_ranks(rows) if row.get("status") == "ok"]
 
 
 def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Callable:
@@ -125,7 +108,7 @@ def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Cal
         slug = gpu or row.get("gpu_slug") or (TRACE_PREDICTION_GPU if row.get("backend") == "trace" else None)
         if not slug:
             raise InputError("the row names no GPU (pass --gpu)")
-        workload: Workload = case_from_row(row).workload()
+        workload: Workload = workload_from_row(row)
         est = estimate(workload, slug, calibration=calibration)
         return slug, {q.name: q.predicted(est) for q in QUANTITIES}
     return predict
@@ -134,7 +117,7 @@ def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Cal
 def compare_rows(rows: list[dict], predict: Callable) -> list[Point]:
     """Points for every ok configuration and every quantity that applies to its method."""
     points = []
-    for row in merge_ranks(rows):
+    for row in ok_configurations(rows):
         backend = row.get("backend") or ""
         inference = row.get("method") == "inference"
         wanted = [q for q in QUANTITIES if inference or not q.inference_only]

@@ -1,15 +1,25 @@
 """The measurement record: one row per configuration (and per rank for multi-GPU runs).
 
-Every column is named here with its unit and meaning; README's column table is generated from
-`COLUMNS`. A quantity that was not measured is absent (None in Python, empty in CSV, NaN in
-pandas), never 0. Pure Python: no torch import here.
+Every column is named here with its unit and meaning (`COLUMNS`); README's column table is
+written by hand and tests/test_readme.py checks that it names every column. A quantity that was
+not measured is absent (None in Python, empty in CSV, NaN in pandas), never 0. Pure Python: no
+torch import here.
+
+This module owns the row: its columns and their types (`COLUMN_TYPES`, `parse_value`), building
+one (`new_row`), reading the Workload back (`case_from_row`, `workload_from_row`), the spelling
+of `lora_targets` (`parse_lora_targets`), one status per configuration (`case_status`) and one
+row per configuration from its ranks (`merge_ranks`).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import fields
+from pathlib import Path
 
-from estimator.workload import Workload
+from estimator.errors import InputError
+from estimator.workload import Workload, lora_targets_from_text
 
 STATUSES = ("ok", "oom", "error", "skipped")
 BACKENDS = ("cuda", "cpu", "trace")
@@ -72,7 +82,110 @@ COLUMN_NAMES: list[str] = [name for name, _ in COLUMNS]
 WORKLOAD_COLUMNS: list[str] = [name for name, _ in _WORKLOAD]
 MEASURED_BYTES = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "context_bytes",
                   "host_rss_bytes")
+# merge_ranks: each of these is the largest over the ranks, on its own (never one from another)
+RANK_MAX_BYTES = MEASURED_BYTES + ("host_offload_bytes", "weights_bytes")
+# merge_ranks: these come together from the slowest rank (largest step_s)
+STEP_TIME_COLUMNS = ("step_s", "step_s_min", "step_s_max", "step_spread", "prefill_s", "decode_token_s",
+                     "tokens_per_s", "mfu")
+STATUS_PRIORITY = ("oom", "error", "skipped", "ok")  # a configuration's status: the first any rank has
+_FLOAT_COLUMNS = {"step_spread", "mfu"}
+_INT_COLUMNS = {"rank", "world_size", "warmup", "steps"}
 
+
+def _column_types() -> dict[str, type]:
+    """Python type of every column (str unless the name or Workload field says otherwise)."""
+    types = {name: str for name in COLUMN_NAMES}
+    for f in fields(Workload):
+        if f.name in types and isinstance(f.default, (bool, int)):
+            types[f.name] = type(f.default)
+    for name in COLUMN_NAMES:
+        if name.endswith("_bytes") or name in _INT_COLUMNS:
+            types[name] = int
+        elif name.endswith("_s") or name in _FLOAT_COLUMNS:
+            types[name] = float
+    return types
+
+
+COLUMN_TYPES: dict[str, type] = _column_types()
+
+
+# ---- values -------------------------------------------------------------------------------------
+
+def parse_lora_targets(value) -> tuple[str, ...]:
+    """LoRA target roles from a comma string ("q_proj,v_proj" or all-linear), or a list or tuple
+    of such strings (a case file's JSON list). The spelling itself is
+    estimator.workload.lora_targets_from_text's (the estimator cannot import the profiler);
+    whether the roles exist is Workload.validate's rule."""
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
+    if not isinstance(value, str):
+        raise InputError(f"lora_targets must be a comma list of module roles or all-linear; got {value!r}")
+    return lora_targets_from_text(value)
+
+
+def _is_missing(value) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return value.strip() == "" or value.strip().lower() == "nan"
+    return isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and math.isnan(value)
+
+
+def parse_value(name: str, value):
+    """A column's value in its Python type (COLUMN_TYPES; unknown columns are text), from a stored
+    cell (CSV text) or a value already typed. Empty, NaN and None are None (not measured). Text
+    that is not of the column's type raises InputError naming the column."""
+    if _is_missing(value):
+        return None
+    kind = COLUMN_TYPES.get(name, str)
+    if kind is str:
+        if isinstance(value, (list, tuple)):
+            return ",".join(map(str, value))
+        return value if isinstance(value, str) else str(value)
+    if kind is bool:
+        return _parse_bool(name, value)
+    if isinstance(value, bool):
+        raise InputError(f"{name}: a number, not a boolean: {value!r}")
+    if kind is int:
+        return _parse_int(name, value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name}: not a number: {value!r}") from None
+
+
+def _parse_bool(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+    elif isinstance(value, numbers.Real) and value in (0, 1):
+        return bool(value)
+    raise InputError(f"{name}: not a boolean: {value!r}")
+
+
+def _parse_int(name: str, value) -> int:
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name}: not an integer: {value!r}") from None
+    if not number.is_integer():
+        raise InputError(f"{name}: not an integer: {value!r}")
+    return int(number)
+
+
+# ---- building a row ------------------------------------------------------------------------------
 
 def workload_columns(w: Workload) -> dict:
     """One column per Workload field (tuples joined by commas, as in the Workload id)."""
@@ -86,6 +199,27 @@ def workload_columns(w: Workload) -> dict:
 def empty_row() -> dict:
     """A row with every column present and unmeasured (None)."""
     return {name: None for name in COLUMN_NAMES}
+
+
+def new_row(case, backend: str, *, workload: Workload | None = None, **columns) -> dict:
+    """A row with every column: what the case says (model, warmup, steps; from its Workload:
+    id, model_type, world_size and the Workload columns), rank 0, `backend`, then `columns`
+    (whatever the caller knows: status, rank, started_at, measured values...); every other
+    column None (not measured). `case` is a profiler.case.Case, or None when none could be read
+    (then pass model=... in `columns`); `workload`, when given, is used instead of
+    case.workload(). An invalid Workload raises InputError; an unknown column ValueError."""
+    row = empty_row()
+    if case is not None:
+        row.update(model=case.model, warmup=case.warmup, steps=case.steps)
+    w = workload if workload is not None else (case.workload() if case is not None else None)
+    if w is not None:
+        row.update(id=w.id, model_type=w.model.model_type, world_size=w.world_size, **workload_columns(w))
+    row.update(backend=backend, rank=0)
+    unknown = set(columns) - set(COLUMN_NAMES)
+    if unknown:
+        raise ValueError(f"unknown record columns: {', '.join(sorted(unknown))}")
+    row.update(columns)
+    return row
 
 
 def check_row(row: dict) -> dict:
@@ -102,3 +236,106 @@ def check_row(row: dict) -> dict:
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise ValueError(f"{name} must be a positive int or None (not measured); got {value!r}")
     return row
+
+
+# ---- reading a row back -------------------------------------------------------------------------
+
+def case_from_row(row, base_dirs: list[Path] | None = None):
+    """The profiler.case.Case a row was measured for: its model reference (a config path is
+    resolved as a sweep resolves it, against `base_dirs`: by default the working folder, then the
+    repository root) and its Workload columns, typed (store rows) or text (CSV cells); an empty
+    column takes the Workload default. Raises InputError for a row that names no valid Workload."""
+    from profiler.case import Case
+    from profiler.sweep import ROOT, resolve_model
+
+    ref = parse_value("model", row.get("model"))
+    if ref is None:
+        raise InputError("row has no model")
+    settings = {}
+    for name in WORKLOAD_COLUMNS:
+        value = parse_value(name, row.get(name))
+        if value is not None:
+            settings[name] = parse_lora_targets(value) if name == "lora_targets" else value
+    counts = {name: parse_value(name, row.get(name)) for name in ("warmup", "steps")}
+    return Case(resolve_model(ref, list(base_dirs) if base_dirs else [Path.cwd(), ROOT]), settings,
+                **{k: v for k, v in counts.items() if v is not None})
+
+
+def workload_from_row(row, base_dirs: list[Path] | None = None) -> Workload:
+    """The validated Workload of a row (see `case_from_row`)."""
+    return case_from_row(row, base_dirs).workload()
+
+
+# ---- several rows of one configuration ----------------------------------------------------------
+
+def case_status(rows: list[dict]) -> str:
+    """One status for a configuration's rows: oom if any rank ran out of memory, else error,
+    skipped, ok (error when no row has a known status)."""
+    statuses = {r.get("status") for r in rows}
+    return next((s for s in STATUS_PRIORITY if s in statuses), "error")
+
+
+def _measured(value) -> float | None:
+    """A measured number (typed or text), or None when absent, NaN, not a number or not positive."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def _largest(rows: list[dict], name: str) -> dict | None:
+    """The first row with the largest measured value of `name`; None when no row measured it."""
+    best, best_value = None, None
+    for row in rows:
+        value = _measured(row.get(name))
+        if value is not None and (best_value is None or value > best_value):
+            best, best_value = row, value
+    return best
+
+
+def _rank_order(row: dict) -> int:
+    try:
+        return int(float(row.get("rank")))
+    except (TypeError, ValueError):
+        return 1 << 30
+
+
+def _merge(rows: list[dict]) -> dict:
+    if len(rows) == 1:
+        return dict(rows[0])
+    rows = sorted(rows, key=_rank_order)
+    merged = dict(rows[0])  # identity, Workload and environment columns: the lowest rank's
+    status = case_status(rows)
+    merged.update(rank=None, status=status,
+                  message=next((r.get("message") for r in rows if r.get("status") == status and r.get("message")),
+                               rows[0].get("message") if status == rows[0].get("status") else ""))
+    for name in RANK_MAX_BYTES:
+        top = _largest(rows, name)
+        merged[name] = top[name] if top else None
+        if name == "device_used_bytes":
+            merged["device_used_source"] = top.get("device_used_source") if top else None
+    slowest = _largest(rows, "step_s")
+    if slowest is not None:
+        merged.update({name: slowest.get(name) for name in STEP_TIME_COLUMNS})
+    top = _largest(rows, "wall_s")
+    merged["wall_s"] = top["wall_s"] if top else None
+    return merged
+
+
+def merge_ranks(rows: list[dict], key: tuple[str, ...] = ("id",)) -> list[dict]:
+    """One row per configuration (rows with equal `key` columns), in order of first appearance.
+
+    A configuration with one row keeps it as it is. Of several (its ranks): status by
+    `case_status` (oom if any rank ran out) and the message of a rank with that status; each
+    memory quantity (RANK_MAX_BYTES) the largest over the ranks, each on its own (the peak
+    reserved bytes may come from another rank than the peak allocated bytes), and
+    device_used_source with device_used_bytes; the step-time columns (STEP_TIME_COLUMNS) all from
+    the slowest rank (largest step_s); wall_s the largest; rank None (the row stands for every
+    rank); every other column from the lowest rank. Values keep their form (typed or text)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row.get(k) for k in key), []).append(row)
+    return [_merge(group) for group in groups.values()]

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler.case import Case
-from profiler.record import BACKENDS, COLUMN_NAMES, check_row, empty_row, workload_columns
+from profiler.record import BACKENDS, COLUMN_NAMES, case_status, check_row, new_row
 from profiler.store import RunStore, utc_now
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,6 @@ CHILD_ENV = "PROFILER_CHILD_CMD"
 KILL_GRACE_S = 10.0
 MESSAGE_LINES = 3
 MESSAGE_CHARS = 500
-STATUS_PRIORITY = ("oom", "error", "skipped", "ok")  # a case's status: the first one any rank has
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -211,25 +210,12 @@ def read_result_rows(out_path: Path) -> tuple[list[dict], str | None]:
     return rows, problem
 
 
-def case_columns(case: Case) -> dict:
-    """The columns the parent knows about a case before it runs (identity, Workload, counts)."""
-    w = case.workload()
-    cols = {"id": case.id, "model": case.model, "model_type": w.model.model_type,
-            "warmup": case.warmup, "steps": case.steps, "world_size": w.world_size}
-    return {**cols, **workload_columns(w)}
-
-
-def _base_row(known: dict) -> dict:
-    row = empty_row()
-    row.update({k: v for k, v in known.items() if k in row})
-    return row
-
-
 def _complete(raw: dict, known: dict) -> dict:
-    """A child's row with unknown keys dropped and the parent's known columns filled in."""
-    row = _base_row(known)
+    """A child's row over the parent's `known` row (record.new_row): unknown keys dropped, None
+    values leave the parent's; the id (the resume key) is the parent's."""
+    row = dict(known)
     row.update({k: v for k, v in raw.items() if k in COLUMN_NAMES and v is not None})
-    row["id"] = known["id"]  # the resume key is the parent's
+    row["id"] = known["id"]
     row["rank"] = row.get("rank") if row.get("rank") is not None else 0
     try:
         return check_row(row)
@@ -238,14 +224,13 @@ def _complete(raw: dict, known: dict) -> dict:
 
 
 def _error_row(known: dict, rank: int, message: str) -> dict:
-    row = _base_row(known)
-    row.update(status="error", message=message, rank=rank)
-    return check_row(row)
+    return check_row({**known, "status": "error", "message": message, "rank": rank})
 
 
 def collect_rows(case: Case, raw_rows: list[dict], known: dict, failure: str) -> list[dict]:
     """One row per rank 0..world_size-1 (first row seen per rank; extra ranks kept), error rows
-    with `failure` for ranks the child left without a row."""
+    with `failure` for ranks the child left without a row. `known` is the parent's row of the
+    case (record.new_row, no status)."""
     by_rank: dict[int, dict] = {}
     for raw in raw_rows:
         row = _complete(raw, known)
@@ -254,12 +239,6 @@ def collect_rows(case: Case, raw_rows: list[dict], known: dict, failure: str) ->
         if rank not in by_rank:
             by_rank[rank] = _error_row(known, rank, failure)
     return [by_rank[r] for r in sorted(by_rank)]
-
-
-def case_status(rows: list[dict]) -> str:
-    """One status for a case: oom if any rank ran out of memory, else error, skipped, ok."""
-    statuses = {r.get("status") for r in rows}
-    return next((s for s in STATUS_PRIORITY if s in statuses), "error")
 
 
 # ---- the runner ---------------------------------------------------------------------------------
@@ -286,9 +265,9 @@ class Runner:
         return [*base, "--case", str(case_path), "--out", str(out_path), "--backend", self.backend]
 
     def _known(self, case: Case, started_at: str, wall_s: float) -> dict:
-        return {**case_columns(case), "backend": self.backend, "started_at": started_at,
-                "wall_s": wall_s, "hostname": socket.gethostname(), "gpu_slug": self.gpu_slug,
-                "message": ""}
+        """The parent's row of the case: what it knows before reading the child's (no status)."""
+        return new_row(case, self.backend, started_at=started_at, wall_s=wall_s,
+                       hostname=socket.gethostname(), gpu_slug=self.gpu_slug, message="")
 
     def run(self, case: Case) -> list[dict]:
         """Run one case in a fresh process; its rows (one per rank), never raising for what the

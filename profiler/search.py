@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from profiler.case import Case
-from profiler.runner import Runner, case_status
+from profiler.record import case_status
+from profiler.runner import Runner
 from profiler.store import RunStore
 
 BATCH_LIMIT = 1024

@@ -21,7 +21,8 @@ Resume semantics (the key is the Workload id of the configuration):
   the current sweep does not name are never dropped.
 
 CSV is the default format; Parquet (`results.parquet`) needs pyarrow. In memory a row is a dict:
-int bytes and counts, float seconds, bool flags, str text, None for "not measured".
+int bytes and counts, float seconds, bool flags, str text, None for "not measured" (the types
+are profiler.record's: `record.parse_value` reads each cell back).
 """
 
 from __future__ import annotations
@@ -29,35 +30,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
 
 from estimator.errors import InputError
-from estimator.workload import Workload
+from profiler import record
 from profiler.case import Case
 from profiler.record import COLUMN_NAMES, check_row
 
 FINISHED_STATUSES = ("ok", "oom", "skipped")
-_FLOAT_COLUMNS = {"step_spread", "mfu"}
-_INT_COLUMNS = {"rank", "world_size", "warmup", "steps"}
-
-
-def _column_types() -> dict[str, type]:
-    """Python type of every record column (str unless the name or Workload field says otherwise)."""
-    types = {name: str for name in COLUMN_NAMES}
-    for f in fields(Workload):
-        if f.name in types and isinstance(f.default, (bool, int)):
-            types[f.name] = type(f.default)
-    for name in COLUMN_NAMES:
-        if name.endswith("_bytes") or name in _INT_COLUMNS:
-            types[name] = int
-        elif name.endswith("_s") or name in _FLOAT_COLUMNS:
-            types[name] = float
-    return types
-
-
-COLUMN_TYPES = _column_types()
 
 
 def utc_stamp() -> str:
@@ -95,27 +76,13 @@ def atomic_write_json(path: Path, data) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-# ---- value conversion ---------------------------------------------------------------------------
+# ---- value conversion (reading back: record.parse_value) ------------------------------------------
 
 def _to_cell(value):
     """A row value as stored: tuples/lists as comma strings, the rest unchanged (None stays empty)."""
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
     return value
-
-
-def _from_cell(name: str, text: str):
-    """A stored string back to its Python type; empty means None (not measured)."""
-    if text is None or text == "" or text.lower() == "nan":
-        return None
-    kind = COLUMN_TYPES.get(name, str)
-    if kind is bool:
-        return text.strip().lower() in ("true", "1", "yes")
-    if kind is int:
-        return int(float(text)) if any(c in text for c in ".eE") else int(text)
-    if kind is float:
-        return float(text)
-    return text
 
 
 # ---- the store --------------------------------------------------------------------------------
@@ -158,7 +125,10 @@ class RunStore:
                 frame = pd.read_parquet(self.path).astype("string").fillna("")
         except Exception as exc:  # a corrupt table is bad input: say which file
             raise InputError(f"cannot read results {self.path}: {exc}") from None
-        return [{k: _from_cell(k, v) for k, v in rec.items()} for rec in frame.to_dict("records")]
+        try:
+            return [{k: record.parse_value(k, v) for k, v in rec.items()} for rec in frame.to_dict("records")]
+        except InputError as exc:  # a cell not of its column's type
+            raise InputError(f"cannot read results {self.path}: {exc}") from None
 
     def _write(self) -> None:
         import pandas as pd

@@ -45,9 +45,9 @@ from pathlib import Path
 from estimator.configs import load_spec
 from estimator.errors import InputError
 from estimator.units import gib
-from estimator.params import ALL_LINEAR
-from estimator.workload import Workload
+from estimator.workload import Workload, method_defaults
 from profiler.case import Case
+from profiler.record import parse_lora_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS_DIR = Path(__file__).with_name("sweeps")
@@ -211,18 +211,11 @@ def resolve_model(ref: str, base_dirs: list[Path]) -> str:
 
 
 def field_value(key: str, value):
-    """A sweep value in the form Case/Workload take (lora_targets: tuple of roles)."""
-    if key == "lora_targets" and isinstance(value, str):
-        if value.strip().lower() == "all-linear":
-            return ALL_LINEAR
-        return tuple(v.strip() for v in value.split(",") if v.strip())
+    """A sweep value in the form Case/Workload take (lora_targets: a tuple of roles, by
+    record.parse_lora_targets)."""
+    if key == "lora_targets" and isinstance(value, (str, list, tuple)):
+        return parse_lora_targets(value)
     return value
-
-
-def _conveniences(values: dict) -> dict:
-    if values.get("method") == "qlora" and "quant" not in values:
-        values = {**values, "quant": "nf4"}
-    return values
 
 
 def _matches(rule: dict, values: dict) -> bool:
@@ -280,7 +273,7 @@ def expand(sweep: Sweep) -> Expansion:
     out, seen = Expansion(), set()
     for entry in sweep.grid:
         for values in _combinations({**sweep.defaults, **entry}):
-            values = _conveniences(values)
+            values = method_defaults(values)
             what = _describe(values)
             if any(_matches(rule, values) for rule in sweep.exclude):
                 out.drop(what, "excluded by a rule")

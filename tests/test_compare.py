@@ -14,8 +14,7 @@ from profiler.case import Case
 from profiler.compare import (Point, compare_rows, estimate_predictor, percentile, summarize,
                               write_comparison)
 from profiler.plot import parity_plot
-from profiler.record import empty_row
-from profiler.runner import case_columns
+from profiler.record import empty_row, new_row
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "tiny-llama.json")
@@ -84,6 +83,12 @@ def test_only_ok_rows_count_and_ranks_merge_to_their_largest_value():
     assert got["step_s"].measured == 1.0
 
 
+def test_a_configuration_with_an_oom_rank_is_not_compared():
+    rows = [row("z", rank=0, peak_allocated_bytes=1000, step_s=1.0),
+            row("z", rank=1, status="oom", message="CUDA out of memory")]
+    assert compare_rows(rows, fixed(peak_allocated_bytes=1000, step_s=1.0)) == []
+
+
 def test_summary_statistics_on_hand_made_errors():
     errors = [0.1, -0.2, 0.3, -0.4, 0.5]
     points = [Point(str(i), "cuda", "x", "step_s", "s", 1.0 + e, 1.0, e) for i, e in enumerate(errors)]
@@ -119,8 +124,7 @@ def test_a_failing_prediction_is_reported_not_hidden():
 
 def test_the_estimator_predictor_rebuilds_the_workload_from_the_row():
     case = Case(TINY, {"method": "lora", "precision": "bf16", "batch": 4, "seq": 128, "grad_ckpt": True})
-    r = row(**{**case_columns(case), "peak_allocated_bytes": 10**8, "step_s": 0.01})
-    r["gpu_slug"] = "a100-80gb"
+    r = new_row(case, "cuda", status="ok", gpu_slug="a100-80gb", peak_allocated_bytes=10**8, step_s=0.01)
     slug, predicted = estimate_predictor(calibration="none")(r)
     expected = estimate(case.workload(), "a100-80gb", calibration="none")
     assert slug == "a100-80gb"

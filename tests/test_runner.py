@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from profiler.case import Case
-from profiler.runner import (Runner, case_columns, collect_rows, launch_command, match_gpu_slug,
-                             read_result_rows, run_sweep)
+from profiler.record import new_row
+from profiler.runner import Runner, collect_rows, launch_command, match_gpu_slug, read_result_rows, run_sweep
 from profiler.search import Boundary, max_value, search
 from profiler.store import RunStore
 
@@ -181,7 +181,7 @@ def test_rank_files_are_gathered_and_missing_ranks_become_errors(tmp_path):
         [{"status": "ok", "backend": "cuda", "rank": 0, "peak_allocated_bytes": 99}]))
     raw, problem = read_result_rows(out)
     assert problem is None and len(raw) == 3
-    known = {**case_columns(c), "backend": "cuda", "message": ""}
+    known = new_row(c, "cuda", message="")
     rows = collect_rows(c, raw, known, "child exited with code 1 without a result for this rank")
     assert [r["rank"] for r in rows] == [0, 1, 2]
     assert [r["peak_allocated_bytes"] for r in rows[:2]] == [10, 11]

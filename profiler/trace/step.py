@@ -319,16 +319,13 @@ def trace_row(case, layers: int | None = None) -> dict:
     from datetime import datetime, timezone
 
     from profiler.env import library_versions
-    from profiler.record import check_row, empty_row, workload_columns
+    from profiler.record import check_row, new_row
 
-    row = empty_row()
     w = case.workload()
-    row.update({"id": w.id, "model": case.model, "model_type": w.model.model_type,
-                "backend": "trace", "rank": 0, "world_size": 1, "warmup": 1 if w.training else 0,
-                "steps": 1, "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "gpu_name": platform.processor() or platform.machine(), "hostname": socket.gethostname()})
-    row.update(workload_columns(w))
-    row.update(library_versions())
+    row = new_row(case, "trace", workload=w, world_size=1, warmup=1 if w.training else 0, steps=1,
+                  started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  gpu_name=platform.processor() or platform.machine(), hostname=socket.gethostname(),
+                  **library_versions())
     start = time.perf_counter()
     try:
         result = trace(case, layers=layers)
