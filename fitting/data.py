@@ -7,7 +7,8 @@ a table of `gpu` uses:
 - rows with status other than `ok`, `cpu` rows (a CPU step time says nothing about a GPU) and
   rows of other GPUs are left out and counted in `Dataset.skipped`.
 Multi-process runs (world_size > 1) keep one point per configuration and file: the largest
-memory over ranks (what runs out first) and the median step time.
+memory quantity over ranks (what runs out first) and the slowest rank's step time
+(profiler.record.merge_ranks).
 
 Columns of `Dataset.frame` (bytes int-valued floats, seconds float, NaN = not measured):
 `group` (architecture fingerprint: the leave-one-model-out unit), `model`, `family`
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +41,7 @@ from estimator.memory import kv_cache_bytes, working_sets
 from estimator.params import count_params
 from estimator.timing import peak_flops
 from estimator.workload import Workload
-from profiler.case import Case
-from profiler.record import WORKLOAD_COLUMNS
+from profiler import record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MEASUREMENTS_DIR = REPO_ROOT / "calibrations" / "measurements"
@@ -49,7 +49,6 @@ QUANTITIES = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes"
 MEMORY_QUANTITIES = QUANTITIES[:4]
 VERSION_COLUMNS = ("driver", "cuda", "torch", "transformers", "peft", "bitsandbytes", "deepspeed")
 _MEASURED = QUANTITIES + ("prefill_s", "decode_token_s")
-_DEFAULTS = {f.name: f.default for f in fields(Workload) if f.name != "model"}
 
 
 @dataclass(frozen=True)
@@ -162,40 +161,11 @@ def rows_frame(records: list[dict], source: str = "<memory>") -> pd.DataFrame:
     return frame.fillna("")
 
 
-def _parse_value(name: str, text: str):
-    default = _DEFAULTS[name]
-    if isinstance(default, bool):
-        low = text.strip().lower()
-        if low not in ("true", "false", "1", "0", "yes", "no"):
-            raise InputError(f"{name}: not a boolean: {text!r}")
-        return low in ("true", "1", "yes")
-    if isinstance(default, int):
-        return int(float(text))
-    if isinstance(default, tuple):
-        return tuple(v.strip() for v in text.split(",") if v.strip())
-    return text
-
-
-def _model_ref(ref: str, csv_dir: str) -> str:
-    """A config path relative to the repository or to the CSV's folder, else the ref as given."""
-    for base in (REPO_ROOT, Path(csv_dir) if csv_dir else None):
-        if base is not None and ref and not Path(ref).is_absolute() and (base / ref).exists():
-            return str(base / ref)
-    return ref
-
-
 def workload_from_row(row) -> Workload:
-    """Rebuild the validated Workload of a record row (profiler.case.Case with the Workload
-    columns that are present; empty columns take the defaults)."""
-    settings = {}
-    for name in WORKLOAD_COLUMNS:
-        text = str(row.get(name, "") or "")
-        if text != "":
-            settings[name] = _parse_value(name, text)
-    ref = str(row.get("model", "") or "")
-    if not ref:
-        raise InputError("row has no model")
-    return Case(_model_ref(ref, str(row.get("_csv_dir", ""))), settings).workload()
+    """The validated Workload of a record row (profiler.record's reading of a row; a config path
+    is resolved against the repository, then the CSV's folder)."""
+    csv_dir = str(row.get("_csv_dir", "") or "")
+    return record.workload_from_row(row, base_dirs=[REPO_ROOT] + ([Path(csv_dir)] if csv_dir else []))
 
 
 def _num(text) -> float:
@@ -228,24 +198,15 @@ def _select(rows: pd.DataFrame, gpu: str, skipped: dict) -> pd.DataFrame:
 
 
 def _merge_ranks(rows: pd.DataFrame) -> pd.DataFrame:
-    """One point per multi-process configuration and file: max memory, median step time."""
+    """One point per multi-process configuration and file, by profiler.record's rule (the slowest
+    rank's step time, the largest of each memory quantity)."""
     world = pd.to_numeric(rows["world_size"], errors="coerce").fillna(1)
     single, multi = rows[world <= 1], rows[world > 1]
     if multi.empty:
         return rows
-    merged = []
-    for _, grp in multi.groupby(["source_file", "id"], sort=False):
-        first = grp.iloc[0].copy()
-        for col in MEMORY_QUANTITIES + ("host_rss_bytes",):
-            if col in grp:
-                values = [v for v in map(_num, grp[col]) if not math.isnan(v)]
-                first[col] = str(int(max(values))) if values else ""
-        for col in ("step_s", "prefill_s", "decode_token_s"):
-            if col in grp:
-                values = [v for v in map(_num, grp[col]) if not math.isnan(v)]
-                first[col] = repr(float(np.median(values))) if values else ""
-        merged.append(first)
-    return pd.concat([single, pd.DataFrame(merged)], ignore_index=True)
+    merged = record.merge_ranks(multi.to_dict("records"), key=("source_file", "id"))
+    frame = pd.DataFrame(merged).fillna("").astype(str).replace("None", "")
+    return pd.concat([single, frame], ignore_index=True)
 
 
 def _features(w: Workload, gpu_slug: str, row) -> dict:

@@ -232,9 +232,11 @@ def test_multi_process_rows_merge_to_the_largest_rank(rows_1pct, tmp_path):
     two = [dict(r) for r in rows_1pct if r["world_size"] == 2 and r["status"] == "ok"][:2]
     assert two[0]["id"] == two[1]["id"] and {two[0]["rank"], two[1]["rank"]} == {0, 1}
     two[1]["peak_allocated_bytes"] = two[0]["peak_allocated_bytes"] + 12345
+    two[0]["step_s"], two[1]["step_s"] = 0.5, 0.75      # the slowest rank sets the step time
     data = load([synthetic.write_csv(two, tmp_path / "r.csv")], GPU)
     assert len(data.frame) == 1
     assert data.frame["m_peak_allocated_bytes"][0] == two[0]["peak_allocated_bytes"] + 12345
+    assert data.frame["m_step_s"][0] == 0.75
 
 
 def test_unmeasured_is_not_zero(rows_1pct, tmp_path):
