@@ -11,7 +11,9 @@ The recipes follow what users run:
 - LoRA: peft `get_peft_model` with `LoraConfig(r, alpha=2r, dropout 0, target roles)`; peft keeps
   adapters in fp32 (`autocast_adapter_dtype=True`).
 - QLoRA (and LoRA on an int8 base): every nn.Linear but the output head becomes a bitsandbytes
-  layer, as transformers' bitsandbytes quantizer does; then peft's `prepare_model_for_kbit_training`,
+  layer, as transformers' bitsandbytes quantizer does, built as transformers loads such a model:
+  the skeleton on `meta`, each linear's random weight made and quantized on the device one at a
+  time, so the device never holds the full-precision model; then peft's `prepare_model_for_kbit_training`,
   which upcasts every non-quantized parameter to fp32 (the HF/TRL recipe), and the step runs under
   autocast in the compute dtype.
 """
@@ -71,10 +73,25 @@ def required_packages(w: Workload) -> list[str]:
 
 def check_packages(w: Workload) -> None:
     """Raise MissingPackage naming the first package this Workload needs and lacks, and the
-    settings that need it (e.g. "bitsandbytes is not installed (needed for quant nf4)")."""
+    settings that need it (e.g. "bitsandbytes is not installed (needed for quant nf4)"). A
+    flash_attn that is installed but does not import (a wheel built for another torch or CUDA:
+    "undefined symbol") counts as missing: the configuration cannot run here, it did not fail."""
     for name in required_packages(w):
         if importlib.util.find_spec(name) is None:
             raise MissingPackage(f"{name} is not installed (needed for {_needed_for(name, w)})")
+        if name == "flash_attn":
+            _check_importable(name, w)
+
+
+def _check_importable(name: str, w: Workload) -> None:
+    """Import `name` (its compiled extension loads with it); MissingPackage if that fails."""
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # ImportError/OSError: undefined symbol, wrong CUDA, missing .so
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+        raise MissingPackage(f"{name} is installed but does not import (needed for "
+                             f"{_needed_for(name, w)}): {why}"[:500]) from None
 
 
 def _needed_for(name: str, w: Workload) -> str:
@@ -106,17 +123,20 @@ def build_model(cfg: dict, w: Workload, device: str):
     """The model of `w` on `device` (cuda, cpu or meta), LoRA/QLoRA and checkpointing applied.
 
     Training models are in train mode with dropout as configured; inference models in eval mode.
+    A quantized base (QLoRA, int8) is built as transformers loads one (see `_build_quantized`):
+    the full-precision model never exists on the device.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     check_packages(w)
     config = hf_config(cfg, w)
-    with torch.device(device):
+    quantized = w.quant != "none"
+    with torch.device("meta" if quantized else device):
         model = AutoModelForCausalLM.from_config(config, dtype=weight_dtype(w),
                                                  attn_implementation=_ATTN[w.attn])
-    if w.quant != "none":
-        _quantize_linears(model, w, device)
+    if quantized:
+        _build_quantized(model, w, device)
     if w.grad_ckpt and w.training:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if w.method in ("lora", "qlora"):
@@ -129,47 +149,108 @@ def build_model(cfg: dict, w: Workload, device: str):
     return model
 
 
-def _quantize_linears(model, w: Workload, device: str) -> None:
-    """Replace every nn.Linear except the output head by its bitsandbytes counterpart,
-    quantizing the random weights on the way to `device` (as transformers' bnb quantizer)."""
+def quantized_linear_names(model) -> list[str]:
+    """Names of the nn.Linear modules a bitsandbytes quantization replaces: all but the output
+    head, in module order (layer by layer)."""
     import torch
 
     head = model.get_output_embeddings()
-    targets = [(name, mod) for name, mod in model.named_modules()
-               if isinstance(mod, torch.nn.Linear) and mod is not head]
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, _bnb_linear(linear, w, device))
-        del linear
+    return [name for name, mod in model.named_modules()
+            if isinstance(mod, torch.nn.Linear) and mod is not head]
+
+
+def _build_quantized(model, w: Workload, device: str) -> None:
+    """Turn the `meta` skeleton `model` into the quantized model on `device`, as transformers'
+    bitsandbytes loading does (integrations/bitsandbytes.py `replace_with_bnb_linear` on meta, then
+    each weight quantized as it is loaded, `Bnb4bitQuantize`/`Bnb8bitQuantize`): each target
+    linear becomes its bitsandbytes layer, whose weight is a random full-precision tensor made for
+    that one linear, quantized onto the device and freed at once; then the other parameters and
+    buffers are materialised on the device and initialised by transformers' `_init_weights`
+    (rotary `inv_freq` included). At most one linear's unquantized weight exists at a time, so the
+    build needs the quantized size plus one linear, not the full-precision model (Llama-3.1-70B:
+    ~131 GiB in bf16). On `meta` (the tracer) the layers are the tracer's 4-bit stand-in, and
+    nothing is materialised: the tracer does that under FakeTensorMode."""
+    import torch
+
+    std = _init_std(model.config)
+    for name in quantized_linear_names(model):
+        model.set_submodule(name, _bnb_linear(model.get_submodule(name), w, device, std))
     model.is_loaded_in_4bit = w.quant in ("nf4", "fp4")
     model.is_loaded_in_8bit = w.quant == "int8"
+    if device == "meta":
+        return
+    materialize(model, device)
+    model.initialize_weights()  # the quantized layers are marked initialised: left alone
+    model.tie_weights()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
 
 
-def _bnb_linear(linear, w: Workload, device: str):
+def _init_std(config) -> float:
+    """The standard deviation transformers' `_init_weights` draws linear weights with."""
+    for key in ("initializer_range", "init_std", "initializer_factor"):
+        value = getattr(config, key, None)
+        if value:
+            return float(value)
+    return 0.02
+
+
+def materialize(model, device: str) -> None:
+    """Give every parameter and buffer still on `meta` uninitialised storage on `device`, keeping
+    shared tensors shared (tied embeddings): nn.Module.to_empty would make one new Parameter per
+    module and untie them. Tensors already elsewhere (quantized weights) are left as they are."""
+    import torch
+
+    memo: dict[int, object] = {}
+
+    def empty(t, param: bool):
+        if id(t) not in memo:
+            new = torch.empty_like(t, device=device)
+            if param:
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+                new.__dict__.update(t.__dict__)
+            memo[id(t)] = new
+        return memo[id(t)]
+
+    for module in model.modules():
+        for table, param in ((module._parameters, True), (module._buffers, False)):
+            for name, t in list(table.items()):
+                if t is not None and t.is_meta:
+                    table[name] = empty(t, param)
+
+
+def _bnb_linear(linear, w: Workload, device: str, std: float = 0.02):
+    """The bitsandbytes layer replacing `linear` (on `meta`) with random weights drawn with `std`
+    and quantized on `device`; the tracer's 4-bit stand-in on `meta`. A bias is zero, as
+    `_init_weights` makes it, in the linear's dtype."""
+    import torch
+
     if device == "meta":  # Params4bit cannot live on meta: the tracer's stand-in, same storage
         from profiler.trace.qlora import stand_in_linear
 
         return stand_in_linear(linear, w, torch_dtype(w.compute_dtype))
     import bitsandbytes as bnb
 
-    bias = linear.bias is not None
+    shape, dtype = (linear.out_features, linear.in_features), linear.weight.dtype
     if w.quant == "int8":
-        new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=bias,
+        new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=False,
                                   has_fp16_weights=False, threshold=6.0, device="meta")
-        data = linear.weight.data.to("cpu")  # Int8Params quantizes when leaving the CPU
+        # Int8Params quantizes when it leaves the CPU (a cpu target quantizes in place)
+        data = torch.empty(shape, dtype=dtype, device="cpu").normal_(0.0, std)
         new.weight = bnb.nn.Int8Params(data, requires_grad=False, has_fp16_weights=False).to(device)
     else:
-        new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=bias,
+        new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
                                 compute_dtype=torch_dtype(w.compute_dtype), compress_statistics=w.double_quant,
                                 quant_type=w.quant, device="meta")
-        new.weight = bnb.nn.Params4bit(linear.weight.data, requires_grad=False, blocksize=64,
+        data = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std)
+        new.weight = bnb.nn.Params4bit(data, requires_grad=False, blocksize=64,
                                        compress_statistics=w.double_quant, quant_type=w.quant,
                                        module=new).to(device)
-    if bias:
-        new.bias = type(linear.bias)(linear.bias.data, requires_grad=False)
+    del data  # the unquantized weight: gone before the next linear's is made
+    if linear.bias is not None:
+        new.bias = torch.nn.Parameter(torch.zeros(linear.out_features, dtype=linear.bias.dtype, device=device),
+                                      requires_grad=False)
+    new._is_hf_initialized = True  # transformers' initialize_weights must not redraw it
     return new
 
 

@@ -25,14 +25,25 @@ def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) ->
     memory or time), then the optimizer step and `zero_grad(set_to_none=True)`.
 
     Only the loss outlives the forward, as in the HF Trainer (`compute_loss` returns the loss and
-    drops the outputs): the half-precision logits are freed before the backward starts."""
-    for _ in range(w.grad_accum):
-        with _autocast(w, device_type):
-            loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
-        (loss / w.grad_accum).backward()
-        del loss
+    drops the outputs): the half-precision logits are freed before the backward starts. Under
+    DistributedDataParallel every micro-batch but the last runs in `model.no_sync()`, so gradients
+    are all-reduced once per step, as the HF Trainer and accelerate accumulate."""
+    for index in range(w.grad_accum):
+        with _sync_context(model, last=index == w.grad_accum - 1):
+            with _autocast(w, device_type):
+                loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
+            (loss / w.grad_accum).backward()
+            del loss
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def _sync_context(model, last: bool):
+    """`model.no_sync()` for a DDP model on a micro-batch that is not the last, else nothing
+    (forward and backward both inside: DDP reads the flag in the forward)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.no_sync() if not last and isinstance(model, DistributedDataParallel) else nullcontext()
 
 
 def prefill(model, batch: Batch, w: Workload, device_type: str):

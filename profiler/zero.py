@@ -16,22 +16,36 @@ mixed precision from the Workload, default bucket sizes.
   engine.step); DeepSpeed steps the optimizer at the accumulation boundary.
 - `partitions(engine)`: what this rank holds (elements, padding included) and `host_offload_bytes`.
 
-DeepSpeed compiles its ops with g++ on first use (FusedAdam and DeepSpeedCPUAdam about 85 s each
-on 2 cores): set TORCH_EXTENSIONS_DIR to a cached folder. On a machine without CUDA DeepSpeed
-picks its CPU accelerator by itself; `use_cpu_accelerator()` forces it before deepspeed is imported.
+Ops: DeepSpeed compiles its ops on first use into the torch extensions folder (TORCH_EXTENSIONS_DIR,
+default ~/.cache/torch_extensions/<python>_<accelerator>): DeepSpeedCPUAdam with g++, FusedAdam with
+nvcc on cuda (g++ on the CPU accelerator), about 85 s each on 2 cores. `prepare_ops` builds the ops a
+sweep needs once, in one process, before the children run (a child killed by its timeout while
+compiling would leave torch's `lock` file behind, on which every later build waits forever);
+`clear_stale_locks` removes such leftovers. Without a CUDA toolkit FusedAdam cannot be compiled:
+`adam_fallback` says so and `build` has DeepSpeed run torch.optim.AdamW (its `torch_adam` option).
+On a machine without CUDA DeepSpeed picks its CPU accelerator by itself; `use_cpu_accelerator()`
+forces it before deepspeed is imported.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from estimator.workload import Workload
 from profiler import build as builder
 
 LR = 1e-5
+STALE_LOCK_S = 900  # a build lock older than this is a leftover (FusedAdam compiles in ~1-2 min)
+OP_BUILDERS = {"fused_adam": "FusedAdamBuilder", "cpu_adam": "CPUAdamBuilder"}
+_OPTIMIZER_OFFLOAD = ("optimizer", "optimizer+params")
 
 
 def use_cpu_accelerator() -> None:
@@ -39,10 +53,11 @@ def use_cpu_accelerator() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-def ds_config(w: Workload) -> dict:
-    """DeepSpeed config dict of a ZeRO Workload (stage 1-3, offload per `w.offload`)."""
+def ds_config(w: Workload, torch_adam: bool = False) -> dict:
+    """DeepSpeed config dict of a ZeRO Workload (stage 1-3, offload per `w.offload`); with
+    `torch_adam`, DeepSpeed's AdamW is torch.optim.AdamW instead of FusedAdam."""
     zero: dict = {"stage": w.zero}
-    if w.offload in ("optimizer", "optimizer+params"):
+    if w.offload in _OPTIMIZER_OFFLOAD:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if w.offload == "optimizer+params":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
@@ -53,7 +68,7 @@ def ds_config(w: Workload) -> dict:
         "bf16": {"enabled": half == "bf16"},
         "fp16": {"enabled": half == "fp16"},
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, **({"torch_adam": True} if torch_adam else {})}},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
@@ -78,11 +93,13 @@ def _free_port() -> int:
 
 def init_distributed(backend: str) -> None:
     """Initialise DeepSpeed's process group with `backend` (gloo or nccl); outside a launcher,
-    as a single process (RANK 0, WORLD_SIZE 1, MASTER_ADDR 127.0.0.1, a free MASTER_PORT)."""
+    as a single process (RANK 0, WORLD_SIZE 1, MASTER_ADDR 127.0.0.1, a free MASTER_PORT).
+    Stale build locks are removed first (`clear_stale_locks`)."""
     if "WORLD_SIZE" not in os.environ:
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    clear_stale_locks()  # the CPU accelerator builds its shared-memory comm op right here
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
@@ -94,12 +111,141 @@ def build(case_config: dict, w: Workload, device: str):
     import deepspeed
 
     check_supported(w)
-    config = ds_config(w)
+    config = ds_config(w, torch_adam=adam_fallback(w, device) is not None)
     with _hf_zero3(config, w.zero == 3):
         model = builder.build_model(case_config, w, device)
         params = builder.trainable_parameters(model)
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
     return engine, model
+
+
+# ---------------------------------------------------------------- DeepSpeed's compiled ops
+
+
+def cuda_toolkit() -> str | None:
+    """Path of a runnable nvcc where DeepSpeed looks for it (torch's CUDA_HOME: $CUDA_HOME or
+    $CUDA_PATH, else nvcc on PATH, else /usr/local/cuda; then <home>/bin/nvcc -V, as
+    op_builder.builder.installed_cuda_version runs it); None without a CUDA toolkit."""
+    from torch.utils.cpp_extension import _find_cuda_home
+
+    home = _find_cuda_home()
+    if not home:
+        return None
+    nvcc = os.path.join(home, "bin", "nvcc")
+    try:
+        subprocess.run([nvcc, "-V"], capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):  # a runtime-only install, a broken link
+        return None
+    return nvcc
+
+
+def _prebuilt(op: str) -> bool:
+    """True when DeepSpeed was installed with `op` compiled (DS_BUILD_OPS=1) for this accelerator."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import accelerator_name, installed_ops
+
+    return bool(installed_ops.get(op)) and accelerator_name == get_accelerator()._name
+
+
+def adam_fallback(w: Workload, device: str) -> str | None:
+    """Why this ZeRO run steps with torch.optim.AdamW (DeepSpeed's `torch_adam`) instead of
+    FusedAdam, or None. FusedAdam serves runs without optimizer offload and is compiled with nvcc on
+    cuda; with no CUDA toolkit (and no prebuilt op) DeepSpeed would fail with "CUDA_HOME does not
+    exist". DeepSpeedCPUAdam (optimizer offload) and the CPU accelerator compile with g++."""
+    if not device.startswith("cuda") or w.offload in _OPTIMIZER_OFFLOAD:
+        return None
+    if cuda_toolkit() is not None or _prebuilt("fused_adam"):
+        return None
+    return ("DeepSpeed FusedAdam cannot be compiled (no CUDA toolkit: nvcc not found): "
+            "the optimizer is torch.optim.AdamW (torch_adam)")
+
+
+def extensions_dir() -> Path:
+    """Root of torch's extension builds: $TORCH_EXTENSIONS_DIR, else torch's default
+    (~/.cache/torch_extensions; builds go in <python>_<accelerator>/<op> under it)."""
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if env:
+        return Path(env)
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(get_default_build_root())
+
+
+def clear_stale_locks(root: str | Path | None = None, older_than_s: float = STALE_LOCK_S,
+                      ops: tuple = ()) -> list[Path]:
+    """Remove torch's build lock files (`<root>/<op>/lock`, `<root>/<python>_<accel>/<op>/lock`)
+    older than `older_than_s` (of the ops named in `ops` only, if given): a build killed midway
+    leaves its lock, and torch's FileBaton waits for it to disappear with no time limit. Returns
+    the files removed."""
+    root = Path(root) if root is not None else extensions_dir()
+    if not root.is_dir():
+        return []
+    removed, now = [], time.time()
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:
+        if ops and lock.parent.name not in ops:
+            continue
+        try:
+            if lock.is_file() and now - lock.stat().st_mtime > older_than_s:
+                lock.unlink()
+                removed.append(lock)
+        except OSError:  # removed meanwhile by its builder, or not ours to remove
+            continue
+    return removed
+
+
+def ops_needed(workloads) -> list[str]:
+    """DeepSpeed ops the ZeRO workloads load: cpu_adam with optimizer offload, else fused_adam."""
+    ops = {("cpu_adam" if w.offload in _OPTIMIZER_OFFLOAD else "fused_adam") for w in workloads if w.zero}
+    return sorted(ops)
+
+
+def prepare_ops(workloads, backend: str, timeout_s: float = 1800,
+                older_than_s: float = STALE_LOCK_S) -> list[str]:
+    """Before a sweep (profiler.session): remove stale build locks, then compile the DeepSpeed ops
+    its ZeRO workloads need, each once, in a subprocess of this process (cuda or cpu accelerator
+    as `backend`), so that no child compiles and none is killed mid-build by its timeout. FusedAdam
+    is not built on cuda without a CUDA toolkit (the children use torch_adam). A build that fails
+    or times out is reported, never raised (the children then report it in their rows); one killed
+    for its timeout has its lock removed. Returns one line per thing done."""
+    ops = ops_needed(workloads) if backend in ("cuda", "cpu") else []
+    if not ops:
+        return []
+    lines = [f"removed a stale DeepSpeed build lock: {p}" for p in clear_stale_locks(older_than_s=older_than_s)]
+    if backend == "cuda" and "fused_adam" in ops and cuda_toolkit() is None:
+        ops.remove("fused_adam")
+        lines.append("DeepSpeed FusedAdam: no CUDA toolkit (nvcc); ZeRO runs without optimizer offload "
+                     "use torch.optim.AdamW (torch_adam)")
+    return lines + [_build_op(op, backend, timeout_s) for op in ops]
+
+
+def _build_op(op: str, backend: str, timeout_s: float) -> str:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    if backend == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    code = "import sys; from profiler.zero import load_op; load_op(sys.argv[1])"
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", code, op], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the compiler processes go too
+        proc.communicate()
+        clear_stale_locks(older_than_s=0, ops=(op,))  # the lock of the build just killed
+        return f"DeepSpeed {op}: build timed out after {timeout_s:.0f} s; ZeRO runs will try again"
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+        return f"DeepSpeed {op}: build failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
+    return f"DeepSpeed {op}: ready ({time.monotonic() - start:.0f} s)"
+
+
+def load_op(op: str):
+    """Load (compiling if needed) DeepSpeed op `op` for the current accelerator."""
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().create_op_builder(OP_BUILDERS[op]).load(verbose=False)
 
 
 @contextmanager

@@ -91,6 +91,117 @@ def test_unsupported_zero_workloads_are_refused():
         zero.check_supported(Case(TINY, {"zero": 0}).workload())
 
 
+# ---------------------------------------------------------------- DeepSpeed's compiled ops
+
+
+@pytest.fixture
+def no_cuda_toolkit(tmp_path, monkeypatch):
+    """No nvcc where torch/DeepSpeed look: CUDA_HOME/CUDA_PATH unset, PATH without nvcc, and the
+    /usr/local/cuda guess pointed at a folder that does not exist."""
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    real_exists = os.path.exists
+    monkeypatch.setattr(cpp.os.path, "exists",
+                        lambda p: False if str(p).startswith("/usr/local/cuda") else real_exists(p))
+
+
+def _fake_toolkit(folder: Path) -> Path:
+    nvcc = folder / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+def test_without_a_cuda_toolkit_fused_adam_falls_back_to_torch_adam(no_cuda_toolkit):
+    # FusedAdam is JIT-compiled with nvcc on cuda: without a toolkit DeepSpeed raises
+    # "CUDA_HOME does not exist" and the row was `error`; now torch.optim.AdamW runs, and says so.
+    w = Case(TINY, {"zero": 2}).workload()
+    assert zero.cuda_toolkit() is None
+    note = zero.adam_fallback(w, "cuda:0")
+    assert note and "nvcc" in note and "torch_adam" in note and "\n" not in note
+    assert zero.ds_config(w, torch_adam=True)["optimizer"] == {"type": "AdamW",
+                                                               "params": {"lr": zero.LR, "torch_adam": True}}
+    assert "torch_adam" not in zero.ds_config(w)["optimizer"]["params"]
+    # DeepSpeedCPUAdam (optimizer offload) and the CPU accelerator compile with g++: no fallback
+    assert zero.adam_fallback(Case(TINY, {"zero": 2, "offload": "optimizer"}).workload(), "cuda:0") is None
+    assert zero.adam_fallback(w, "cpu") is None
+
+
+def test_a_cuda_toolkit_keeps_fused_adam(tmp_path, no_cuda_toolkit, monkeypatch):
+    nvcc = _fake_toolkit(tmp_path)
+    monkeypatch.setenv("CUDA_HOME", str(nvcc.parents[1]))
+    assert zero.cuda_toolkit() == str(nvcc)
+    assert zero.adam_fallback(Case(TINY, {"zero": 2}).workload(), "cuda:0") is None
+    monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.setenv("PATH", str(nvcc.parent))  # found on PATH, as torch finds it
+    assert zero.cuda_toolkit() == str(nvcc)
+
+
+def test_deepspeed_runs_torch_adam_when_configured(world1, monkeypatch):
+    # the fallback as DeepSpeed applies it (cpu here; `adam_fallback` decides it on cuda)
+    monkeypatch.setattr(zero, "adam_fallback", lambda w, device: "no toolkit")
+    case = Case(TINY, {"zero": 2, "seq": 16})
+    engine, _ = zero.build(case.config(), case.workload(), "cpu")
+    assert type(engine.optimizer.optimizer) is torch.optim.AdamW
+
+
+def test_stale_build_locks_are_removed(tmp_path):
+    # torch's FileBaton: <root>/<op>/lock (TORCH_EXTENSIONS_DIR) or <root>/<python>_<accel>/<op>/lock
+    # (the default root); a build killed midway leaves it and later builds wait on it forever.
+    old_lock, fresh_lock = tmp_path / "py311_cu124" / "fused_adam" / "lock", tmp_path / "cpu_adam" / "lock"
+    for lock in (old_lock, fresh_lock):
+        lock.parent.mkdir(parents=True)
+        lock.touch()
+    (old_lock.parent / "build.ninja").touch()
+    hour_ago = old_lock.stat().st_mtime - 3600
+    os.utime(old_lock, (hour_ago, hour_ago))
+    assert zero.clear_stale_locks(tmp_path, older_than_s=900) == [old_lock]
+    assert not old_lock.exists() and fresh_lock.exists() and (old_lock.parent / "build.ninja").exists()
+    assert zero.clear_stale_locks(tmp_path, older_than_s=0, ops=("fused_adam",)) == []
+    assert zero.clear_stale_locks(tmp_path, older_than_s=0, ops=("cpu_adam",)) == [fresh_lock]
+    assert zero.clear_stale_locks(tmp_path / "missing") == []
+
+
+def test_extensions_dir_follows_torch(tmp_path, monkeypatch):
+    from torch.utils.cpp_extension import get_default_build_root
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert zero.extensions_dir() == tmp_path
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    assert zero.extensions_dir() == Path(get_default_build_root())
+
+
+def test_prepare_ops_builds_each_needed_op_once(tmp_path, monkeypatch, no_cuda_toolkit):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    built = []
+    monkeypatch.setattr(zero, "_build_op", lambda op, backend, timeout_s: built.append((op, backend)) or f"{op} ok")
+    workloads = [Case(TINY, s).workload() for s in ({"zero": 2}, {"zero": 3}, {"zero": 3, "offload": "optimizer"},
+                                                   {"zero": 0})]
+    assert zero.ops_needed(workloads) == ["cpu_adam", "fused_adam"]
+    assert zero.prepare_ops(workloads, "cpu") == ["cpu_adam ok", "fused_adam ok"]
+    assert built == [("cpu_adam", "cpu"), ("fused_adam", "cpu")]
+    built.clear()
+    lines = zero.prepare_ops(workloads, "cuda")  # no toolkit: FusedAdam is not built
+    assert built == [("cpu_adam", "cuda")]
+    assert any("no CUDA toolkit" in line and "torch_adam" in line for line in lines)
+    assert zero.prepare_ops([Case(TINY, {}).workload()], "cpu") == []
+    assert zero.prepare_ops(workloads, "trace") == []
+
+
+def test_a_build_past_its_time_limit_is_killed_and_its_lock_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "cpu_adam" / "lock"
+    lock.parent.mkdir()
+    lock.touch()  # as the killed build leaves it
+    line = zero._build_op("cpu_adam", "cpu", timeout_s=0.5)  # importing deepspeed alone takes longer
+    assert "timed out" in line
+    assert not lock.exists()
+
+
 # ---------------------------------------------------------------- one process
 
 

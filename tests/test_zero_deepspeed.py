@@ -115,8 +115,8 @@ def test_mixed_precision_adam_bytes_per_param(hub_id):
     # source and copy coexist (and `flat_grad_partition` is itself a flattened bf16 copy unless the
     # gradients were pre-flattened). Model states at that instant: 2 + 2 + 4 + 4 + 8 = 20 B/param,
     # which is also what DeepSpeed's estimator gives at N=1 (2P + 18P; its "18" excludes the bf16
-    # params). DESIGN.md section 3 says "18 B counting fp32 gradients during the update": that
-    # figure drops the bf16 gradients that are live during the cast.
+    # params). The often quoted "18 B counting fp32 gradients during the update" drops the bf16
+    # gradients that are live during the cast (docs/design.md section 3).
     P = _table_total(hub_id)
     m = _mem(hub_id, zero=1, gpus=1, nodes=1)
     assert m.weights_bytes == 2 * P
