@@ -6,11 +6,12 @@ import math
 from dataclasses import dataclass
 
 from estimator import tables
-from estimator.calibration import NONE, Calibration, apply_memory, installed_versions, resolve, time_corrections
+from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
 from estimator.defaults import overhead
 from estimator.memory import Components, MemoryBreakdown, components, lora_params
 from estimator.params import count_params
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
+from estimator.versions import installed_versions
 from estimator.workload import Workload
 
 DEFAULT_INTER_NODE = "ib-hdr"

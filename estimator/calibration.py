@@ -233,22 +233,6 @@ NONE = Calibration(path=None, gpu=None, factors=MappingProxyType({}))
 def _public(version) -> str:
     """A version without its local build tag: '2.13.0+cpu' -> '2.13.0'."""
     return str(version).split("+", 1)[0]
-_LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed")
-
-
-@lru_cache(maxsize=1)
-def installed_versions() -> dict:
-    """{library: version} of the libraries installed here, read from package metadata (no
-    import: the estimator never imports torch); missing libraries are left out."""
-    from importlib import metadata
-
-    out = {}
-    for lib in _LIBRARIES:
-        try:
-            out[lib] = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
 
 
 def memory_corrections(cal: Calibration, w: Workload) -> tuple[Corrections, dict]:

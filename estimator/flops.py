@@ -1,8 +1,8 @@
 """FLOPs of a Workload per micro-batch on one GPU.
 
-Conventions (DESIGN.md section 4): a matmul of a token with an m x n weight costs 2mn; forward
-2N per token for N matmul parameters (MoE: active experts only; embeddings are lookups, the
-lm_head is a matmul); backward 4N with weight gradients, 2N without (frozen base); activation
+Conventions (docs/design.md section 4): a matmul of a token with an m x n weight costs 2mn;
+forward 2N per token for N matmul parameters (MoE: active experts only; embeddings are lookups,
+the lm_head is a matmul); backward 4N with weight gradients, 2N without (frozen base); activation
 recomputation adds one forward of the decoder layers; attention adds 4 x q_dim x keys per token
 and layer forward (QK^T and PV, counted non-causal as PaLM and torch's FlopCounterMode do).
 `model_flops` excludes recomputation (what MFU is quoted against); `hardware_flops` includes it.

@@ -23,8 +23,8 @@ tests/test_estimator_vs_trace.py, scripts/bench_tracer.py). A calibration table 
 assembly only through `Corrections` (scales of three components, allocator reserve, constants);
 the uncalibrated corrections are estimator.calibration.NONE's.
 
-Regimes (DESIGN.md section 3): torch without ZeRO keeps weights, gradients and optimizer states in
-the parameter dtype (AMP: fp32 everywhere; pure bf16: 2+2+4 B); DeepSpeed (ZeRO >= 1) with bf16/fp16
+Regimes (docs/design.md section 3): torch without ZeRO keeps weights, gradients and optimizer states
+in the parameter dtype (AMP: fp32 everywhere; pure bf16: 2+2+4 B); DeepSpeed (ZeRO >= 1) with bf16/fp16
 keeps half weights and gradients plus fp32 master weights and fp32 Adam states, and casts the half
 gradients to an fp32 partition for the update while both are live (2+2+4+4+8 = 20 B before
 partitioning, DeepSpeed's own estimator figure). A quantized base (QLoRA, LoRA on int8) goes

@@ -233,4 +233,4 @@ def budget_flops(slug: str, n_gpus: int, hours: float, mfu: float, dtype: str = 
     """Useful FLOPs of `n_gpus` GPUs of `slug` running `hours` at an achieved fraction `mfu`."""
     if n_gpus <= 0 or hours <= 0:
         raise InputError("GPU count and hours must be positive")
-    return tables.gpu(slug).dense_tflops(dtype) * 1e12 * mfu * n_gpus * hours * 3600.0
+    return tables.gpu(slug).peak_flops(dtype) * mfu * n_gpus * hours * 3600.0

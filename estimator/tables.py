@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from estimator.errors import InputError
+from estimator.units import TFLOPS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -62,6 +63,11 @@ class GpuSpec:
             hint = "; use fp16" if dtype == "bf16" and self.fp16_dense_tflops is not None else ""
             raise InputError(f"{self.name} ({self.slug}) has no {dtype} tensor cores{hint}")
         return value
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak in FLOP/s for dtype (`dense_tflops` x 1e12): the one conversion every
+        step time, MFU and compute budget divides by."""
+        return self.dense_tflops(dtype) * TFLOPS
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from estimator import tables
 from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
 from estimator.memory import MemoryBreakdown, kv_cache_bytes, lora_params
 from estimator.params import count_params
+from estimator.units import TFLOPS
 from estimator.workload import Workload
 
 
@@ -43,7 +44,7 @@ class TimeBreakdown:
 def peak_flops(gpu: tables.GpuSpec, w: Workload) -> float:
     """Dense peak FLOP/s for the workload's matmul dtype (fp32 matmuls do not use TF32 in
     PyTorch unless asked: torch.backends.cuda.matmul.allow_tf32 defaults to False)."""
-    return gpu.dense_tflops(w.compute_dtype) * 1e12
+    return gpu.peak_flops(w.compute_dtype)
 
 
 def _link(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> tables.Interconnect:
@@ -82,7 +83,7 @@ def train_time(w: Workload, gpu: tables.GpuSpec, mfu: float, overlap: float,
     tokens = w.batch * w.seq * w.grad_accum
     model_flops = w.grad_accum * flops.model_flops
     return TimeBreakdown(step, compute, comm, exposed, tokens * w.dp / step, tokens / (step * w.tp * w.pp),
-                         model_flops / (step * peak), peak / 1e12, model_flops)
+                         model_flops / (step * peak), peak / TFLOPS, model_flops)
 
 
 def inference_time(w: Workload, gpu: tables.GpuSpec, mfu: float, bandwidth_fraction: float,
@@ -106,7 +107,7 @@ def inference_time(w: Workload, gpu: tables.GpuSpec, mfu: float, bandwidth_fract
     busy = decode_total if generated else prefill
     model_flops = prefill_work + (decode_flops_per_token(w, w.seq + w.new_tokens // 2) * w.new_tokens)
     return TimeBreakdown(step, prefill, 0.0, 0.0, tokens * w.dp / busy, tokens / busy, model_flops / (step * peak),
-                         peak / 1e12, model_flops, prefill, decode_total / w.new_tokens if w.new_tokens else 0.0)
+                         peak / TFLOPS, model_flops, prefill, decode_total / w.new_tokens if w.new_tokens else 0.0)
 
 
 @dataclass(frozen=True)

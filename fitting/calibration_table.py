@@ -8,17 +8,17 @@ writes is one the estimator reads, and one it refuses is refused here before any
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 from estimator.calibration import SCHEMA, TRACE_GPU, table_path, validate_table
 from estimator.errors import InputError
+from estimator.files import atomic_write_text, utc_now
+from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
+from estimator.versions import VERSION_COLUMNS
 from fitting.cv import CvResult
-from fitting.data import QUANTITIES, VERSION_COLUMNS, Dataset
+from fitting.data import Dataset
 from fitting.models import Fit
 
 FITTER = ("fitting.models: bounded robust least squares (soft-L1, 2 % scale) for allocation and reserve, "
@@ -74,7 +74,7 @@ def build(data: Dataset, fit: Fit, result: CvResult, created: str | None = None,
     table = {
         "schema": SCHEMA,
         "gpu": data.gpu,
-        "created": created or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": created or utc_now(),
         "fitter": FITTER,
         "versions": {lib: list(c) for lib, c in versions.items()},
         "provenance": {"runs": runs, "points": int(len(frame)),
@@ -130,33 +130,14 @@ def read(path: Path, gpu: str | None = None) -> dict | None:
 
 
 def write(path: Path, table: dict) -> Path:
-    """Validate, then write atomically (temporary file in the same folder, fsync, rename): a
-    reader sees the old table or the new one, never half of one."""
+    """Validate, then write atomically (estimator.files.atomic_write_text): a reader sees the
+    old table or the new one, never half of one."""
     path = Path(path)
     validate(table, path)
     text = json.dumps(table, indent=1, allow_nan=False) + "\n"
     validate(json.loads(text), path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
-    return path
+    return atomic_write_text(path, text)
 
 
 def default_path(gpu: str) -> Path:

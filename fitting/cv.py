@@ -1,7 +1,7 @@
 """Leave-one-model-out cross-validation, error statistics and the safe upper bound.
 
-Error of a prediction (DESIGN.md section 7): (predicted - measured) / measured, on the same named
-quantity. Statistics per quantity: median |error|, p90 |error|, under-estimate rate (share of
+Error of a prediction (docs/design.md section 7): (predicted - measured) / measured, on the same
+named quantity. Statistics per quantity: median |error|, p90 |error|, under-estimate rate (share of
 points predicted below measured), points and models.
 
 Leave one model out: for every architecture (fingerprint) in the data, fit on the others and
@@ -22,7 +22,8 @@ import pandas as pd
 
 from estimator.api import estimate
 from estimator.calibration import SCHEMA, Calibration
-from fitting.data import QUANTITIES, Dataset
+from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
+from fitting.data import Dataset
 from fitting.models import Fit, fit_all
 
 QUANTILE = 0.95

@@ -39,16 +39,15 @@ from estimator.errors import InputError
 from estimator.flops import prefill_flops, training_flops
 from estimator.memory import kv_cache_bytes, working_sets
 from estimator.params import count_params
+from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
+from estimator.quantities import QUANTITIES as _MEASURED
 from estimator.timing import peak_flops
+from estimator.versions import VERSION_COLUMNS
 from estimator.workload import Workload
 from profiler import record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MEASUREMENTS_DIR = REPO_ROOT / "calibrations" / "measurements"
-QUANTITIES = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "context_bytes", "step_s")
-MEMORY_QUANTITIES = QUANTITIES[:4]
-VERSION_COLUMNS = ("driver", "cuda", "torch", "transformers", "peft", "bitsandbytes", "deepspeed")
-_MEASURED = QUANTITIES + ("prefill_s", "decode_token_s")
 
 
 @dataclass(frozen=True)

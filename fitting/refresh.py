@@ -15,13 +15,14 @@ With `write=False` (profile.py --no-refresh) it only compares.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from estimator.calibration import Calibration
+from estimator.files import atomic_write
+from estimator.versions import VERSION_COLUMNS
 from fitting import calibration_table, render
 from fitting.cv import error_table, leave_one_model_out, predict
 from fitting.data import (MEASUREMENTS_DIR, REPO_ROOT, committed_files, csv_files, display_path, load,
@@ -167,18 +168,16 @@ def refresh(run_dirs, gpu_slug: str, table_path: Path | None = None, write: bool
 
 def _commit(src: Path, dst: Path) -> None:
     """Copy a run's measurement file under the measurements folder, atomically (as CSV)."""
-    tmp = dst.with_name(f".{dst.name}.tmp")
     if src.suffix == ".parquet":
-        read_table_file(src).to_csv(tmp, index=False)
+        atomic_write(dst, lambda tmp: read_table_file(src).to_csv(tmp, index=False))
     else:
-        shutil.copyfile(src, tmp)
-    tmp.replace(dst)
+        atomic_write(dst, lambda tmp: tmp.write_bytes(src.read_bytes()))
 
 
 def _version_warnings(cal: Calibration, frame) -> list[str]:
     """The new run's library versions against those the current table was fitted on."""
     out = []
-    for lib in ("driver", "cuda", "torch", "transformers", "peft", "bitsandbytes", "deepspeed"):
+    for lib in VERSION_COLUMNS:
         values = sorted(set(v for v in frame.get(lib, []) if v))
         for value in values:
             out += cal.version_warnings({lib: value})

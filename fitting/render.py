@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from fitting.data import QUANTITIES
-
+from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
 from estimator.units import GiB
 
 

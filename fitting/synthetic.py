@@ -97,7 +97,7 @@ def rows(gpu: str = "h100-80gb", factors: dict | None = None, noise: float = 0.0
         for rank in range(w.world_size):
             row = new_row(None, backend, workload=w, model=_alias(w), status="ok", message="", rank=rank,
                           warmup=2, steps=5, started_at=f"2026-11-22T{len(out) // 60:02d}:{len(out) % 60:02d}:00Z",
-                          gpu_slug="" if backend == "trace" else gpu, **(versions or VERSIONS))
+                          gpu_slug=None if backend == "trace" else gpu, **(versions or VERSIONS))
             if backend == "trace":
                 row["peak_allocated_bytes"] = int(m.peak_allocated_bytes * (1 + noise * rng.standard_normal()))
                 out.append(row)

@@ -40,18 +40,20 @@ WORLD_SIZE > 1); inference cases time steps.prefill and steps.decode separately.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from estimator.files import atomic_write_text, utc_now
 from estimator.workload import Workload
-from profiler import record
+from profiler import build, measure, record, steps, zero
 from profiler.build import MissingPackage
 from profiler.case import Case
+from profiler.device import nvml
+from profiler.env import environment
+from profiler.trace import trace_row
 
 EXIT_OK = 0
 EXIT_UNWRITABLE = 2
@@ -77,18 +79,8 @@ def out_path(out: str | Path, rank: int, world_size: int) -> Path:
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
-    """Write rows as JSON atomically: temporary file in the same folder, fsync, os.replace."""
-    text = json.dumps([record.check_row(r) for r in rows], indent=1, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write rows as JSON atomically (estimator.files.atomic_write_text)."""
+    atomic_write_text(path, json.dumps([record.check_row(r) for r in rows], indent=1, sort_keys=True))
 
 
 # ---------------------------------------------------------------- status of an exception
@@ -142,12 +134,10 @@ def new_row(case: Case | None, raw: dict | None, backend: str, **columns) -> dic
 
 def safe_environment(device: str) -> dict:
     """profiler.env.environment, falling back to the cpu fields if the device cannot be read."""
-    from profiler import env
-
     try:
-        return env.environment(device)
+        return environment(device)
     except Exception:  # e.g. a sticky CUDA error: still name the libraries and the host
-        return env.environment("cpu")
+        return environment("cpu")
 
 
 def process_wall_s() -> float:
@@ -188,8 +178,6 @@ def setup_device(backend: str, local_rank: int):
         return "cpu", None, None
     import torch
 
-    from profiler.device import nvml
-
     device = device_name(backend, local_rank)
     handle = nvml.open_device(local_rank)
 
@@ -217,8 +205,6 @@ def _vocab_size(model) -> int:
 def prepare(case: Case, w: Workload, device: str, world_size: int) -> tuple[list, int | None, object]:
     """(phases, weights_bytes, host offload reader or None): the model built on `device` and
     the step's phases (training: one; inference: prefill and decode)."""
-    from profiler import build, measure
-
     if w.zero:
         return _prepare_zero(case, w, device)
     model = build.build_model(case.config(), w, device)
@@ -233,8 +219,6 @@ def prepare(case: Case, w: Workload, device: str, world_size: int) -> tuple[list
 
 
 def _prepare_zero(case: Case, w: Workload, device: str):
-    from profiler import build, measure, zero
-
     engine, model = zero.build(case.config(), w, device)
     batch = build.make_batch(w, _vocab_size(model), device)
     # host_offload_bytes is read after the run: the Adam states exist only after a step
@@ -250,16 +234,12 @@ def _ddp(model, device: str):
 
 
 def _train_phase(model, optimizer, batch, w: Workload, device: str):
-    from profiler import steps
-
     device_type = device.split(":")[0]
     return lambda: steps.train_step(model, optimizer, batch, w, device_type)
 
 
 def _inference_phases(model, batch, w: Workload, device: str) -> list:
     """[prefill] or [prefill, decode of new_tokens - 1 tokens]; the cache passes between them."""
-    from profiler import steps
-
     device_type = device.split(":")[0]
     carried: dict = {}
 
@@ -287,8 +267,6 @@ def init_process_group(w: Workload, backend: str, world_size: int) -> None:
     dist_backend = "nccl" if backend == "cuda" else "gloo"
     already = dist.is_initialized()
     if w.zero:
-        from profiler import zero
-
         if backend == "cpu":
             zero.use_cpu_accelerator()
         zero.init_distributed(dist_backend)
@@ -299,9 +277,6 @@ def init_process_group(w: Workload, backend: str, world_size: int) -> None:
 
 def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict:
     """Measure the case; the row's measured columns (and gpu environment)."""
-    from profiler import build, measure
-    from profiler.device import nvml
-
     w = case.workload()
     build.check_packages(w)
     check_world(w, world_size)
@@ -318,6 +293,8 @@ def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict
     if not w.training:
         row.update(measure.inference_split(w, measured.phase_s))
     row.update(measure.rates(w, measured.step_s, env["gpu_slug"]))
+    if w.zero:  # an ok row says when DeepSpeed's FusedAdam was replaced by torch's AdamW
+        row["message"] = zero.adam_fallback(w, device) or ""
     return row
 
 
@@ -347,7 +324,7 @@ def read_case(path: str) -> tuple[Case | None, dict | None, Exception | None]:
 
 def build_row(args: argparse.Namespace, rank: int, local_rank: int, world_size: int) -> dict:
     """The complete row of this process (never raises for a problem of the case)."""
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    started = utc_now()
     case, raw, problem = read_case(args.case)
     backend = resolve_backend(args.backend)
     row = new_row(case, raw, backend, rank=rank, world_size=world_size, started_at=started, status="ok",
@@ -367,8 +344,6 @@ def build_row(args: argparse.Namespace, rank: int, local_rank: int, world_size: 
 
 def _trace_row(case: Case, row: dict) -> dict:
     """backend trace: profiler.trace's row (a fake-tensor trace on cpu, one process)."""
-    from profiler.trace import trace_row
-
     return {**row, **trace_row(case), "wall_s": process_wall_s()}
 
 

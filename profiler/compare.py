@@ -1,7 +1,7 @@
 """Predicted vs measured, quantity by quantity, with the error statistics users need.
 
-Error of a prediction (DESIGN.md section 7): (predicted - measured) / measured, signed, on the same
-named quantity. Per quantity the summary gives n, median |error|, p90 |error| (linear
+Error of a prediction (docs/design.md section 7): (predicted - measured) / measured, signed, on the
+same named quantity. Per quantity the summary gives n, median |error|, p90 |error| (linear
 interpolation between order statistics, numpy's default), the under-estimate rate (share of
 cases predicted below measured: those cost a user an OOM) and the mean signed error (bias).
 
@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from estimator.api import estimate
 from estimator.calibration import TRACE_PREDICTION_GPU
 from estimator.errors import InputError
+from estimator.files import atomic_write, atomic_write_json, atomic_write_text
 from estimator.units import gib
 from estimator.workload import Workload
+from profiler.plot import parity_plot
 from profiler.record import merge_ranks, workload_from_row
 
 
@@ -57,7 +60,6 @@ QUANTITIES = (
     Quantity("prefill_s", "s", _prefill, ("cuda",), inference_only=True),
     Quantity("decode_token_s", "s", _decode, ("cuda",), inference_only=True),
 )
-QUANTITY_NAMES = tuple(q.name for q in QUANTITIES)
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,6 @@ def ok_configurations(rows: list[dict]) -> list[dict]:
 def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Callable:
     """predict(row) -> (gpu slug, {quantity: value}) from estimator.api.estimate; raises
     InputError when the row names no GPU or the estimator refuses the workload."""
-    from estimator.api import estimate
 
     def predict(row: dict) -> tuple[str, dict]:
         slug = gpu or row.get("gpu_slug") or (TRACE_PREDICTION_GPU if row.get("backend") == "trace" else None)
@@ -237,9 +238,6 @@ def write_comparison(rows: list[dict], run_dir: Path, gpu: str | None = None,
     """Compare, then write compare.csv (one line per point), compare.json (summary + points),
     compare.txt and parity.png into run_dir. Returns the summary dict (with file names)."""
     import pandas as pd
-
-    from profiler.plot import parity_plot
-    from profiler.store import atomic_write, atomic_write_json, atomic_write_text
 
     points = compare_rows(rows, predict or estimate_predictor(gpu, calibration))
     summary = summarize(points)

@@ -1,9 +1,10 @@
 """The environment every record row carries: device name and memory, GPU table row, driver,
-CUDA, library versions, hostname.
+CUDA, library versions (estimator.versions), hostname.
 
-Absent text values are "" (a package not installed, no driver on a CPU machine, no GPU table
-row); absent numbers are None (never 0). Library versions come from package metadata, so nothing
-heavy (deepspeed, bitsandbytes) is imported just to name its version.
+What is absent is None (a package not installed, no driver on a CPU machine, no GPU table row,
+no device memory), never "" or 0; a results file writes it as an empty cell. Library versions
+come from package metadata, so nothing heavy (deepspeed, bitsandbytes) is imported just to name
+its version.
 """
 
 from __future__ import annotations
@@ -11,27 +12,13 @@ from __future__ import annotations
 import platform
 import re
 import socket
-from importlib import metadata
 
 from estimator import tables
+from estimator.versions import library_versions
 
-PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed")
 # Largest relative difference between the device's total memory and a table row's memory_bytes for
 # the row to match: torch reports a little less than the nominal size (80 GiB A100: 79.3 GiB).
 MEMORY_TOLERANCE = 0.10
-
-
-def package_version(name: str) -> str:
-    """Installed version of a distribution, "" if it is not installed."""
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return ""
-
-
-def library_versions() -> dict:
-    """{library: version} of PACKAGES, "" for one not installed (the record's version columns)."""
-    return {name: package_version(name) for name in PACKAGES}
 
 
 def cpu_name() -> str:
@@ -53,13 +40,13 @@ def _name_tokens(name: str) -> set[str]:
     return set(words) | {a + b for a, b in zip(words, words[1:])}
 
 
-def match_gpu_slug(device_name: str, total_memory_bytes: int | None = None) -> str:
-    """The gpus.csv slug of a device as torch names it, or "" when no row matches.
+def match_gpu_slug(device_name: str, total_memory_bytes: int | None = None) -> str | None:
+    """The gpus.csv slug of a device as torch names it, or None when no row matches.
 
     The family (slug before its first "-": a100, h100, rtx4090, ...) must be a token of the name;
     "PCIe" in the name picks the PCIe rows, its absence the others; among what remains, the row
     whose memory is nearest the device's total memory, within MEMORY_TOLERANCE (so a MIG slice
-    or an unlisted variant such as the 94 GB H100 NVL gets "" rather than a wrong peak).
+    or an unlisted variant such as the 94 GB H100 NVL gets None rather than a wrong peak).
     Examples: "NVIDIA H100 80GB HBM3" -> h100-80gb, "NVIDIA A100-SXM4-40GB" -> a100-40gb,
     "NVIDIA A100 80GB PCIe" -> a100-80gb-pcie, "Tesla T4" -> t4-16gb.
     """
@@ -69,17 +56,17 @@ def match_gpu_slug(device_name: str, total_memory_bytes: int | None = None) -> s
     same_form = [g for g in rows if ("pcie" in g.slug) == pcie]
     rows = same_form or rows
     if not rows:
-        return ""
+        return None
     if total_memory_bytes is None:
-        return rows[0].slug if len(rows) == 1 else ""
+        return rows[0].slug if len(rows) == 1 else None
     best = min(rows, key=lambda g: abs(g.memory_bytes - total_memory_bytes))
     if abs(best.memory_bytes - total_memory_bytes) > MEMORY_TOLERANCE * best.memory_bytes:
-        return ""
+        return None
     return best.slug
 
 
-def _nvml_driver() -> str:
-    """NVIDIA driver version from NVML, "" where NVML is unavailable."""
+def _nvml_driver() -> str | None:
+    """NVIDIA driver version from NVML, None where NVML is unavailable."""
     try:
         import pynvml
 
@@ -87,19 +74,19 @@ def _nvml_driver() -> str:
         version = pynvml.nvmlSystemGetDriverVersion()
         return version.decode() if isinstance(version, bytes) else str(version)
     except Exception:  # no library, no driver, no device: not measured
-        return ""
+        return None
 
 
 def device_fields(device: str) -> dict:
     """gpu_name, gpu_slug, gpu_memory_bytes, driver and cuda for `device` ("cuda:N" or "cpu").
 
-    On cpu the name is the CPU model and the GPU-only fields are empty/None."""
+    On cpu the name is the CPU model and the GPU-only fields are None."""
     import torch
 
-    cuda = torch.version.cuda or ""
+    cuda = torch.version.cuda or None
     if not device.startswith("cuda"):
-        return {"gpu_name": cpu_name(), "gpu_slug": "", "gpu_memory_bytes": None,
-                "driver": _nvml_driver() if cuda else "", "cuda": cuda}
+        return {"gpu_name": cpu_name(), "gpu_slug": None, "gpu_memory_bytes": None,
+                "driver": _nvml_driver() if cuda else None, "cuda": cuda}
     props = torch.cuda.get_device_properties(torch.device(device))
     return {"gpu_name": props.name, "gpu_slug": match_gpu_slug(props.name, int(props.total_memory)),
             "gpu_memory_bytes": int(props.total_memory), "driver": _nvml_driver(), "cuda": cuda}

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 from estimator import tables
 from estimator.errors import InputError
 from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
+from estimator.timing import peak_flops
 from estimator.workload import Workload
 from profiler.device import clock_for, cuda, host
 from profiler.device.nvml import PeakSampler, Probe
@@ -214,7 +215,7 @@ def peak_flops_per_s(w: Workload, gpu_slug: str) -> float | None:
     if not gpu_slug:
         return None
     try:
-        return tables.gpu(gpu_slug).dense_tflops(w.compute_dtype) * 1e12
+        return peak_flops(tables.gpu(gpu_slug), w)
     except InputError:
         return None
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from estimator.files import atomic_write
+from estimator.quantities import QUANTITIES
+
 BAND = 0.10
-_MARKERS = {"peak_allocated_bytes": "o", "peak_reserved_bytes": "s", "device_used_bytes": "^",
-            "step_s": "D", "prefill_s": "v", "decode_token_s": "P"}
+_MARKERS = dict(zip(QUANTITIES, ("o", "s", "^", "h", "D", "v", "P")))  # one per quantity, in order
 _PANELS = (("bytes", "memory (GiB)", 2.0**30), ("s", "time (s)", 1.0))
 
 
@@ -46,8 +48,6 @@ def parity_plot(points, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from profiler.store import atomic_write
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
     for ax, (unit, label, scale) in zip(axes, _PANELS):

@@ -19,6 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from estimator.errors import InputError
+from estimator.quantities import MEMORY_QUANTITIES
 from estimator.workload import Workload, lora_targets_from_text
 
 STATUSES = ("ok", "oom", "error", "skipped")
@@ -80,8 +81,7 @@ _ENV = [
 COLUMNS: list[tuple[str, str]] = _IDENTITY + _WORKLOAD + _RUN + _ENV
 COLUMN_NAMES: list[str] = [name for name, _ in COLUMNS]
 WORKLOAD_COLUMNS: list[str] = [name for name, _ in _WORKLOAD]
-MEASURED_BYTES = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "context_bytes",
-                  "host_rss_bytes")
+MEASURED_BYTES = MEMORY_QUANTITIES + ("host_rss_bytes",)
 # merge_ranks: each of these is the largest over the ranks, on its own (never one from another)
 RANK_MAX_BYTES = MEASURED_BYTES + ("host_offload_bytes", "weights_bytes")
 # merge_ranks: these come together from the slowest rank (largest step_s)

@@ -46,9 +46,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from estimator.files import utc_now
 from profiler.case import Case
 from profiler.record import BACKENDS, COLUMN_NAMES, case_status, check_row, new_row
-from profiler.store import RunStore, utc_now
+from profiler.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_MODULE = "profiler.child"
@@ -108,8 +109,17 @@ def case_slug(case: Case) -> str:
 
 # ---- running one process ------------------------------------------------------------------------
 
+# Set by torchrun/DeepSpeed for their workers; inherited from the user's shell they would make a
+# one-process child join a process group that does not exist (zero.init_distributed trusts them).
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                      "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def _child_env() -> dict:
-    env = dict(os.environ)
+    """The child's environment: the parent's without launcher variables (the launcher sets its
+    workers' own), the repository on PYTHONPATH, unbuffered output."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -373,11 +383,3 @@ def detect_gpu(timeout_s: float = 180.0) -> GpuInfo | None:
     if not info.get("count"):
         return None
     return GpuInfo(info["name"], int(info["memory_bytes"]), int(info["count"]))
-
-
-def match_gpu_slug(name: str, memory_bytes: int) -> str | None:
-    """The row of estimator/data/gpus.csv for a device (profiler.env's matcher, which the child
-    uses for the gpu_slug column too); None when no row matches."""
-    from profiler.env import match_gpu_slug as match
-
-    return match(name, memory_bytes) or None

@@ -25,14 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from estimator import tables
 from estimator.errors import InputError
+from estimator.files import utc_now
+from estimator.versions import RUN_PACKAGES, library_versions
 from profiler import runner as runner_mod
 from profiler import sweep as sweep_mod
 from profiler.case import Case
-from profiler.env import package_version
+from profiler.compare import write_comparison
+from profiler.env import match_gpu_slug
+from profiler.search import SEQ_START, max_value
+from profiler.store import RunStore, default_run_dir
+from profiler.zero import prepare_ops
 
 DEFAULT_TIMEOUT_S = 600.0
-PACKAGES = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "deepspeed", "pandas", "nvidia-ml-py")
 SEARCH_FIELDS = ("batch", "seq")
 
 Log = Callable[[str], None]
@@ -113,7 +119,6 @@ def check(request: Request) -> None:
     if unknown:
         raise InputError(f"cannot search {', '.join(sorted(unknown))}; only {', '.join(SEARCH_FIELDS)}")
     if request.gpu:
-        from estimator import tables
         tables.gpu(request.gpu)  # unknown slug: InputError
     if request.calibration not in ("auto", "none") and not Path(request.calibration).is_file():
         raise InputError(f"calibration file not found: {request.calibration}")
@@ -159,7 +164,7 @@ def resolve_backend(backend: str, explicit_sweep: bool) -> tuple[str, runner_mod
 def gpu_slug(given: str | None, gpu: runner_mod.GpuInfo | None) -> str | None:
     if given:
         return given
-    return runner_mod.match_gpu_slug(gpu.name, gpu.memory_bytes) if gpu else None
+    return match_gpu_slug(gpu.name, gpu.memory_bytes) if gpu else None
 
 
 def plan(request: Request, log: Log = stderr_line) -> Plan:
@@ -195,13 +200,11 @@ def plan(request: Request, log: Log = stderr_line) -> Plan:
 
 def versions() -> dict:
     """Installed versions of the packages a run depends on (None: not installed)."""
-    return {name: package_version(name) or None for name in PACKAGES}
+    return library_versions(RUN_PACKAGES)
 
 
 def invocation(command: tuple[str, ...], mode: str, the_plan: Plan, sweep_copy: str) -> dict:
     """The run.json entry of this invocation (finished_at and summary are added at the end)."""
-    from profiler.store import utc_now
-
     gpu, slug, sweep = the_plan.gpu, the_plan.slug, the_plan.sweep
     return {"command": shlex.join(command), "argv": list(command[1:]), "started_at": utc_now(),
             "cwd": os.getcwd(), "mode": mode, "backend": the_plan.backend,
@@ -214,8 +217,6 @@ def invocation(command: tuple[str, ...], mode: str, the_plan: Plan, sweep_copy: 
 
 def open_store(run_dir: str | None, results_format: str | None, the_plan: Plan):
     """(RunStore, name of the sweep copy kept in the run folder)."""
-    from profiler.store import RunStore, default_run_dir
-
     store = RunStore(Path(run_dir) if run_dir else default_run_dir(the_plan.slug or the_plan.backend),
                      results_format)
     sweep = the_plan.sweep
@@ -230,8 +231,6 @@ def open_store(run_dir: str | None, results_format: str | None, the_plan: Plan):
 
 def search_todo(cases: list[Case], names: tuple[str, ...], limit: int | None) -> list[tuple[Case, str]]:
     """(case, field) for every distinct base configuration and searched field, at most `limit`."""
-    from profiler.search import SEQ_START
-
     todo, seen = [], set()
     for case in cases:
         for name in names:
@@ -245,8 +244,6 @@ def search_todo(cases: list[Case], names: tuple[str, ...], limit: int | None) ->
 def searches(todo: list[tuple[Case, str]], runner, store, force: bool = False, progress: bool = True,
              log: Log = stderr_line) -> list[dict]:
     """Run the max-batch / max-seq searches; each boundary goes to max_batch.json."""
-    from profiler.search import max_value
-
     bar = runner_mod.progress_bar(len(todo), progress, desc="searching")
     results = []
 
@@ -309,9 +306,6 @@ def refresh_calibration(results_path: Path, gpu_slug: str | None, no_refresh: bo
 
 def run(request: Request, log: Log = stderr_line) -> Outcome:
     """The whole session: plan, run folder, work, compare, refresh."""
-    from profiler.compare import write_comparison
-    from profiler.store import utc_now
-
     check(request)
     the_plan = plan(request, log)
     store, sweep_copy = open_store(request.run_dir, request.results_format, the_plan)
@@ -324,6 +318,9 @@ def run(request: Request, log: Log = stderr_line) -> Outcome:
     summary = {"run_dir": str(store.run_dir), "backend": the_plan.backend, "gpu": the_plan.slug,
                "sweep": the_plan.sweep.name, "configurations": len(the_plan.cases),
                "dropped": dict(the_plan.expansion.reasons())}
+    if not os.environ.get(runner_mod.CHILD_ENV):  # DeepSpeed's ops built once, not in each child
+        for line in prepare_ops([c.workload() for c in the_plan.cases], the_plan.backend):
+            log(line)
     done, statuses = work(request, the_plan.cases, runner, store, log)
     summary.update(done)
     comparison = write_comparison(store.rows(), store.run_dir, gpu=request.gpu, calibration=request.calibration)

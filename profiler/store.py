@@ -28,52 +28,13 @@ are profiler.record's: `record.parse_value` reads each cell back).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 
 from estimator.errors import InputError
+from estimator.files import atomic_write, atomic_write_json, atomic_write_text, utc_stamp
 from profiler import record
 from profiler.case import Case
 from profiler.record import COLUMN_NAMES, check_row
-
-FINISHED_STATUSES = ("ok", "oom", "skipped")
-
-
-def utc_stamp() -> str:
-    """UTC time as a compact, sortable folder-name stamp: 20250101T120000Z."""
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-
-
-def utc_now() -> str:
-    """UTC time, ISO 8601 with seconds."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# ---- atomic files -----------------------------------------------------------------------------
-
-def atomic_write(path: Path, write) -> None:
-    """Call `write(tmp_path)` on a temporary file next to `path`, fsync it, then replace `path`."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
-
-
-def atomic_write_json(path: Path, data) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 # ---- value conversion (reading back: record.parse_value) ------------------------------------------

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field, fields
 from itertools import product
 from pathlib import Path
 
+from estimator import tables
+from estimator.api import estimate
 from estimator.configs import load_spec
 from estimator.errors import InputError
 from estimator.units import gib
@@ -323,9 +325,6 @@ def predicted_fit_test(gpu_slug: str, ratio: float, calibration: str = "auto"):
     """Drop cases the estimator predicts need more than `ratio` x the GPU's memory
     (device_used_bytes per GPU), and cases the GPU cannot run at all (no bf16 tensor cores...).
     Cases between 1x and `ratio` x are kept: an OOM near the boundary is a measurement."""
-    from estimator import tables
-    from estimator.api import estimate
-
     memory_bytes = tables.gpu(gpu_slug).memory_bytes
 
     def test(case: Case) -> str | None:

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from estimator import flags, planner, report  # noqa: E402
 from estimator.api import JobSpec, estimate  # noqa: E402
+from estimator.configs import load_config  # noqa: E402
 from estimator.errors import InputError  # noqa: E402
 
 _QUESTIONS = ("fit_gpus", "max_batch", "max_seq", "cheapest", "chinchilla")
@@ -98,8 +99,6 @@ def _trace(args) -> dict:
         from profiler.trace import trace
     except ImportError as exc:
         raise InputError(f"--trace needs torch and transformers installed ({exc})") from None
-    from estimator.configs import load_config
-
     try:
         return trace(flags.workload_from_args(args), load_config(args.model)[0]).to_dict()
     except NotImplementedError as exc:

@@ -337,7 +337,7 @@ def test_cli_text_shows_the_upper_bound_warnings_and_calibrated_extras(table_fil
 
 
 def test_a_table_fitted_on_other_library_versions_is_flagged(table_file, llama):
-    from estimator.calibration import installed_versions
+    from estimator.versions import installed_versions
 
     here = installed_versions()
     assert here.get("transformers"), "transformers is a dependency: its version must be found"

@@ -42,7 +42,7 @@ def test_llama2_7b_param_count(llama2):
 def test_mixed_precision_adam_16_bytes_per_param_amp(llama2):
     """Rajbhandari et al. 2020 (ZeRO) section 3.1: mixed-precision Adam keeps 2Ψ + 2Ψ + KΨ with
     K = 12, i.e. 16 B per parameter. The torch AMP regime (fp32 weights 4 + fp32 grads 4 + Adam 8,
-    DESIGN.md section 3) reaches the same 16 B."""
+    docs/design.md section 3) reaches the same 16 B."""
     m = mem(llama2, precision="amp-bf16", seq=128)
     states = m.weights_bytes + m.gradients_bytes + m.optimizer_states_bytes + m.master_weights_bytes
     assert states == pytest.approx(16 * LLAMA2_7B_PARAMS, rel=EXACT)
@@ -65,7 +65,7 @@ def test_zero_paper_k12_and_deepspeed_20_bytes(llama2):
 
 
 def test_pure_bf16_8_bytes_per_param(llama2):
-    # DESIGN.md section 3: pure bf16 (LitGPT bf16-true, torchtune) 2 + 2 + 4 = 8 B
+    # docs/design.md section 3: pure bf16 (LitGPT bf16-true, torchtune) 2 + 2 + 4 = 8 B
     m = mem(llama2, seq=128)
     states = m.weights_bytes + m.gradients_bytes + m.optimizer_states_bytes
     assert states == pytest.approx(8 * LLAMA2_7B_PARAMS, rel=EXACT)
@@ -97,7 +97,8 @@ def test_llama2_7b_kv_cache_half_mib_per_token(llama2):
 
 def test_llama31_8b_gqa_kv_cache_128_kib_per_token():
     # Llama-3.1-8B: 32 layers, 8 kv heads x 128 = 1024: 2 x 32 x 1024 x 2 B = 131,072 B (128 KiB);
-    # using the 32 attention heads instead would give 512 KiB (the GQA mistake DESIGN.md warns of)
+    # using the 32 attention heads instead would give 512 KiB (the GQA mistake of
+    # docs/design.md section 3)
     spec = load_spec("llama-3.1-8b")
     assert kv_cache_bytes(spec, batch=1, tokens=1, dtype_bytes=2) == 131_072
 

@@ -1,8 +1,8 @@
 """KV cache bytes: `estimator.memory.kv_cache_bytes` against the formula computed straight from the
 raw config.json values, and against real transformers 5.23 DynamicCache tensors on CPU.
 
-Formula (DESIGN.md section 3): 2 (K and V) x layers x batch x cached tokens x kv_heads x head_dim
-x bytes, where a sliding-window layer caches at most `sliding_window` tokens.
+Formula (docs/design.md section 3): 2 (K and V) x layers x batch x cached tokens x kv_heads
+x head_dim x bytes, where a sliding-window layer caches at most `sliding_window` tokens.
 
 Which tokens a sliding layer *holds* in transformers 5.23 (cache_utils.DynamicSlidingWindowLayer.
 update): it concatenates the new keys to the kept ones and keeps a *view* of the last
@@ -21,7 +21,7 @@ import transformers
 from transformers import AutoConfig
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from estimator.configs import CATALOG_DIR, load_spec
+from estimator.configs import CATALOG_DIR, catalog_ids, load_spec
 from estimator.memory import estimate_memory, kv_cache_bytes
 from estimator.model import spec_from_config
 from estimator.workload import Workload
@@ -133,12 +133,7 @@ def test_gemma3_4b_five_local_one_global():
         assert kv_cache_bytes(spec, BATCH, tokens, 2) == _formula(per_layer, BATCH, kv, head_dim, 2)
 
 
-def _catalog_ids() -> list[str]:
-    with (CATALOG_DIR / "index.csv").open(newline="") as f:
-        return [r["hub_id"] for r in csv.DictReader(f)]
-
-
-@pytest.mark.parametrize("hub_id", _catalog_ids())
+@pytest.mark.parametrize("hub_id", catalog_ids())
 def test_layer_kinds_and_window_match_transformers_cache(hub_id):
     # DynamicCache(config=...) picks its layer classes from get_layer_types_and_kwargs(config):
     # a "sliding_attention" layer becomes a DynamicSlidingWindowLayer with that window.

@@ -18,6 +18,7 @@ import torch
 from estimator import tables
 from estimator.configs import load_spec
 from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
+from estimator.versions import package_version
 from estimator.workload import Workload
 from profiler import device, env, measure, record
 from profiler.device import cuda, host, nvml
@@ -174,7 +175,7 @@ def test_nvml_absent_gives_none(monkeypatch):
     ran = []
     assert nvml.context_bytes(None, lambda: ran.append(1), lambda: 0) is None
     assert ran == [1]  # CUDA init runs even when it cannot be measured
-    assert env._nvml_driver() == ""
+    assert env._nvml_driver() is None
 
 
 def test_nvml_library_missing_on_this_machine_gives_none():
@@ -306,12 +307,12 @@ def test_weights_bytes_counts_tied_storage_once_and_filters_devices():
     ("AMD Instinct MI300X", 205_822_885_888, ""),
 ])
 def test_match_gpu_slug(name, memory, slug):
-    assert env.match_gpu_slug(name, memory) == slug
+    assert env.match_gpu_slug(name, memory) == (slug or None)  # None: no row matches
 
 
 def test_match_gpu_slug_without_memory_needs_a_single_candidate():
     assert env.match_gpu_slug("Tesla T4") == "t4-16gb"
-    assert env.match_gpu_slug("Tesla V100-SXM2-16GB") == ""  # 16 or 32 GB: cannot tell
+    assert env.match_gpu_slug("Tesla V100-SXM2-16GB") is None  # 16 or 32 GB: cannot tell
 
 
 def test_environment_on_cpu_fills_every_environment_column():
@@ -321,5 +322,5 @@ def test_environment_on_cpu_fills_every_environment_column():
     assert got["torch"] == torch.__version__
     assert got["transformers"] and got["peft"] and got["hostname"] == socket.gethostname()
     assert got["gpu_name"]  # the CPU model
-    assert got["gpu_slug"] == "" and got["gpu_memory_bytes"] is None
-    assert env.package_version("no-such-package-xyz") == ""
+    assert got["gpu_slug"] is None and got["gpu_memory_bytes"] is None
+    assert package_version("no-such-package-xyz") is None

@@ -221,7 +221,7 @@ def test_lora_single_tensor_temporaries_use_largest_trainable_adapter(llama):
 # ---- quantized bases -------------------------------------------------------------------------
 
 def _nf4(n, double_quant):
-    # DESIGN.md section 3 / QLoRA paper: 0.5 B per value + absmax per block of 64;
+    # docs/design.md section 3 / QLoRA paper: 0.5 B per value + absmax per block of 64;
     # double quant: 8-bit absmax (1/64 B) + fp32 second-level absmax per 256 blocks.
     if double_quant:
         return Fraction(n, 2) + Fraction(n, 64) + Fraction(4 * n, 64 * 256)
@@ -415,8 +415,9 @@ def test_paged_optimizer_lives_outside_the_allocator(llama):
 
 def test_adamw_8bit_about_two_bytes_per_param_at_scale():
     # Llama-2-7B (6,738,415,616 params): two 8-bit states = 2 B/param plus a small absmax overhead
-    # (DESIGN.md section 3: "8-bit Adam: 2 B per param"); at this size the absmax share is
-    # under 2.5 % whichever block size is right (overheads.csv: 2048; bitsandbytes 0.50.2: 256).
+    # (docs/design.md section 3: "8-bit Adam: 2 B per param"), each state with one fp32 absmax
+    # per block of 256 values (overheads.csv bnb_blocksize_8bit_optimizer, from bitsandbytes
+    # 0.50.2): 2 x 4/256 B per param, a 1.6 % share, under the 2.5 % allowed.
     from estimator.configs import load_spec
     n = 6_738_415_616
     m = mem(load_spec("llama-2-7b"), optimizer="adamw-8bit", batch=1, seq=16)

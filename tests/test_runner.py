@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from profiler.case import Case
+from profiler.env import match_gpu_slug
 from profiler.record import new_row
-from profiler.runner import Runner, collect_rows, launch_command, match_gpu_slug, read_result_rows, run_sweep
+from profiler.runner import Runner, collect_rows, launch_command, read_result_rows, run_sweep
 from profiler.search import Boundary, max_value, search
 from profiler.store import RunStore
 
@@ -303,3 +304,21 @@ def test_max_seq_stays_within_the_position_table(tmp_path):
     cmd = child(tmp_path, 'write([{"status": "ok", "backend": a.backend}])')
     b = max_value(case(method="inference", new_tokens=8), "seq", Runner(child_cmd=cmd), RunStore(tmp_path / "run"))
     assert b.largest_ok == 192 and b.smallest_oom is None and [v for v, _ in b.probes] == [192]
+
+
+def test_launcher_variables_from_the_shell_do_not_reach_children(monkeypatch, tmp_path):
+    """RANK/WORLD_SIZE/MASTER_* left in the user's shell must not make a one-process child join a
+    process group: the child's environment drops them (the launcher sets its workers' own)."""
+    from profiler import runner
+
+    for name, value in (("RANK", "3"), ("LOCAL_RANK", "3"), ("WORLD_SIZE", "8"), ("MASTER_PORT", "29500"),
+                        ("TORCHELASTIC_RUN_ID", "x"), ("KEEP_ME", "1")):
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "env.json"
+    code, timed_out = runner.execute(
+        [sys.executable, "-c", f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"],
+        tmp_path / "o.log", tmp_path / "e.log", 60)
+    assert code == 0 and not timed_out
+    env = json.loads(out.read_text())
+    assert env["KEEP_ME"] == "1"
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_RUN_ID"} & set(env)

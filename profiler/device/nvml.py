@@ -6,7 +6,7 @@
   (`nvmlDeviceGetComputeRunningProcesses`, source "nvml-process") where NVML lists our pid
   with a size, else the whole device's used memory ("nvml-device"; containers often hide pids).
 - `context_bytes(device, init)`: device used memory after `init()` minus before it, less what
-  PyTorch's allocator holds after `init` (so the CUDA context alone, DESIGN section 2).
+  PyTorch's allocator holds after `init` (so the CUDA context alone, docs/design.md section 2).
 - `PeakSampler`: a thread calling probes every `interval_s` (5 ms) and keeping each maximum.
 
 Bytes are int; a value that could not be read is None, never 0.

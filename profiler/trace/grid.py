@@ -18,7 +18,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from estimator.memory import estimate_memory, saved_activation_bytes
 from profiler.case import Case
+from profiler.trace.step import trace
 
 SIZES = ((1, 512), (2, 1024), (4, 2048))            # (micro-batch, sequence)
 PRECISIONS = ("bf16", "amp-bf16")
@@ -127,9 +129,6 @@ def describe(case: Case) -> str:
 
 def compare(case: Case) -> GridRow:
     """Trace `case` and compare with the raw estimate."""
-    from estimator.memory import estimate_memory, saved_activation_bytes
-    from profiler.trace import trace
-
     w = case.workload()
     traced = trace(case)
     est = estimate_memory(w, 0.0, 0)
@@ -149,7 +148,7 @@ def _error(estimated: int, traced: int) -> float:
 
 
 def summary(errors: list[float]) -> dict:
-    """Median and worst |error|, and the share of under-estimates (DESIGN.md section 7)."""
+    """Median and worst |error|, and the share of under-estimates (docs/design.md section 7)."""
     errors = [e for e in errors if e is not None]
     if not errors:
         return {"n": 0, "median_abs": None, "worst_abs": None, "under_rate": None}

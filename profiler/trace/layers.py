@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from estimator.workload import Workload
+from profiler.build import hf_config
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _MOE_FLAG_TYPES = ("qwen2_moe", "qwen3_moe")
@@ -32,8 +33,6 @@ class Kind:
 
 def layer_kinds(cfg: dict, w: Workload) -> list[Kind]:
     """The kind of every layer of the model, in order."""
-    from profiler.build import hf_config
-
     config = hf_config(cfg, w)
     n = w.model.num_layers
     types = list(getattr(config, "layer_types", None) or [None] * n)

@@ -176,11 +176,3 @@ def stand_in_linear(linear: torch.nn.Linear, w: Workload, compute_dtype):
         raise NotImplementedError(f"the tracer has a stand-in for 4-bit layers only, not {w.quant}")
     return stand_in_class()(linear.in_features, linear.out_features, linear.bias is not None,
                             compute_dtype, linear.weight.dtype, w.quant, w.double_quant)
-
-
-def quantized_bytes(n: int, double_quant: bool) -> int:
-    """Unrounded bytes of one quantized weight of `n` values (packed values + statistics)."""
-    blocks = math.ceil(n / BLOCK)
-    if double_quant:
-        return (n + 1) // 2 + blocks + 4 * math.ceil(blocks / BLOCK2) + 4
-    return (n + 1) // 2 + 4 * blocks

@@ -18,10 +18,17 @@ Speed: a few layers are traced and the result extrapolated linearly per layer ki
 from __future__ import annotations
 
 import resource
+import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
 
+from estimator.files import utc_now
+from estimator.versions import library_versions
 from estimator.workload import Workload
+from profiler.build import build_model, make_batch, make_optimizer
+from profiler.env import cpu_name
+from profiler.record import check_row, new_row
+from profiler.steps import inference_step, train_step
 from profiler.trace import layers as tl
 
 TRAIN_PHASES = ("forward", "backward", "optimizer")
@@ -173,7 +180,6 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
     """Build the model with `cfg` (already reduced), run the step on fake cpu tensors, count."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from profiler.build import build_model, make_batch, make_optimizer
     from profiler.trace.patches import kv_cache_tagging, tracing_patches
     from profiler.trace.tracker import LiveBytes
 
@@ -243,8 +249,6 @@ def _layer_count(cfg: dict) -> int:
 
 
 def _run(model, optimizer, batch, w: Workload) -> None:
-    from profiler.steps import inference_step, train_step
-
     if w.training:
         train_step(model, optimizer, batch, w, "cpu")
     else:
@@ -314,17 +318,9 @@ def _empty(memo: dict, t, device: str, param: bool):
 def trace_row(case, layers: int | None = None) -> dict:
     """A profiler record row (backend "trace") for a Case: peak_allocated_bytes from the trace,
     every other memory and step column unmeasured (None)."""
-    import platform
-    import socket
-    from datetime import datetime, timezone
-
-    from profiler.env import library_versions
-    from profiler.record import check_row, new_row
-
     w = case.workload()
     row = new_row(case, "trace", workload=w, world_size=1, warmup=1 if w.training else 0, steps=1,
-                  started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  gpu_name=platform.processor() or platform.machine(), hostname=socket.gethostname(),
+                  started_at=utc_now(), gpu_name=cpu_name(), hostname=socket.gethostname(),
                   **library_versions())
     start = time.perf_counter()
     try:

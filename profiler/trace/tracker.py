@@ -136,16 +136,6 @@ class LiveBytes(TorchDispatchMode):
             if self.total > self.peak.total:
                 self.peak = Peak(self.total, dict(pk.by_category))
 
-    @property
-    def phase_peaks(self) -> dict[str, Peak]:
-        """The largest part peak of each phase."""
-        out: dict[str, Peak] = {}
-        for key, pk in self.part_peaks.items():
-            phase = key.partition("/")[0]
-            if phase not in out or pk.total > out[phase].total:
-                out[phase] = pk
-        return out
-
     # ---- phases --------------------------------------------------------------------------------
     def current_phase(self) -> str:
         """optimizer inside optimizer.step(); backward from the first backward op until the next
