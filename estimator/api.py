@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from estimator import tables
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
 from estimator.defaults import overhead
-from estimator.memory import Components, MemoryBreakdown, components, lora_params
+from estimator.memory import Components, MemoryBreakdown, components
+from estimator.states import lora_params
 from estimator.params import count_params
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
 from estimator.versions import installed_versions

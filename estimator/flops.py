@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from estimator.memory import lora_params
+from estimator.states import lora_params
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.workload import Workload

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 
 from estimator import tables
 from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
-from estimator.memory import MemoryBreakdown, kv_cache_bytes, lora_params
+from estimator.memory import MemoryBreakdown, kv_cache_bytes
+from estimator.states import lora_params
 from estimator.params import count_params
 from estimator.units import TFLOPS
 from estimator.workload import Workload

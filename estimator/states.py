@@ -1,0 +1,286 @@
+"""Model states per GPU: weights, gradients, optimizer states, master weights, optimizer
+temporaries, ZeRO/DDP buffers, paged states and host (offloaded) bytes, after tensor/pipeline
+division, ZeRO partitioning and offload.
+
+Regimes (docs/design.md section 3): torch without ZeRO keeps weights, gradients and optimizer states
+in the parameter dtype (AMP: fp32 everywhere; pure bf16: 2+2+4 B); DeepSpeed (ZeRO >= 1) with bf16/fp16
+keeps half weights and gradients plus fp32 master weights and fp32 Adam states, and casts the half
+gradients to an fp32 partition for the update while both are live (2+2+4+4+8 = 20 B before
+partitioning, DeepSpeed's own estimator figure). A quantized base (QLoRA, LoRA on int8) goes
+through peft's kbit preparation, which upcasts every non-quantized parameter to fp32.
+
+`model_states` is memoised on a `StatesKey`, built from the Workload in one place (`states_key`):
+the cached function sees nothing but its key, so it cannot depend on a field the key lacks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+from estimator.defaults import overhead
+from estimator.model import ModelSpec
+from estimator.params import ParamCounts, count_params
+from estimator.workload import Workload
+
+
+class StatesKey(NamedTuple):
+    """The Workload fields the model states read, and nothing else (`states_key` builds it).
+    `training`, `amp` and `dp` are the Workload's own derivations, carried so no rule is restated."""
+
+    model: ModelSpec
+    method: str
+    precision: str
+    optimizer: str
+    adamw_impl: str
+    lora_rank: int
+    lora_targets: tuple
+    quant: str
+    double_quant: bool
+    zero: int
+    offload: str
+    tp: int
+    pp: int
+    dp: int
+    training: bool
+    amp: bool
+
+
+def states_key(w: Workload) -> StatesKey:
+    """The `StatesKey` of `w` (the one place a Workload becomes one)."""
+    return StatesKey(w.model, w.method, w.precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
+                     w.quant, w.double_quant, w.zero, w.offload, w.tp, w.pp, w.dp, w.training, w.amp)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Element counts held by one GPU after tensor/pipeline parallel division."""
+
+    linear_w: float
+    linear_b: float
+    other: float     # norms, routers, positions
+    embed: float
+    head: float      # untied lm_head weight and bias
+    layers: int      # decoder layers on the busiest pipeline stage
+
+    @property
+    def total(self) -> float:
+        return self.linear_w + self.linear_b + self.other + self.embed + self.head
+
+
+def local_sizes(key: StatesKey | Workload, params: ParamCounts) -> Sizes:
+    """Model elements on the busiest GPU: layers split over pipeline stages, all over tensor ranks."""
+    spec = key.model
+    layers = math.ceil(spec.num_layers / key.pp)
+    fraction = layers / spec.num_layers / key.tp
+    embed = (params.embedding + params.positions) / key.tp
+    head = (params.lm_head + params.lm_head_bias) / key.tp
+    if key.pp > 1:  # embedding on the first stage, lm_head on the last: the busier one counts
+        embed, head = (embed, 0.0) if embed >= head else (0.0, head)
+    return Sizes(params.linear_weights * fraction, params.linear_biases * fraction,
+                  (params.norms + params.router) * fraction, embed, head, layers)
+
+
+def lora_params(w: Workload | StatesKey, params: ParamCounts) -> int:
+    """Adapter parameters: r x (d_in + d_out) per targeted linear (fused MoE experts excluded,
+    as peft targets only nn.Linear modules in transformers 5)."""
+    return sum(w.lora_rank * (lin.d_in + lin.d_out) * lin.count
+               for lin in params.linears if lin.role in w.lora_targets and not lin.expert)
+
+
+def _base_dtype_bytes(key: StatesKey) -> int:
+    """Bytes per element of the model as loaded: fp32 for fp32 and AMP, else 2."""
+    return 4 if key.precision == "fp32" or key.amp else 2
+
+
+def _quantized_linear_bytes(key: StatesKey, elements: float, rows: float) -> float:
+    """bitsandbytes storage of `elements` linear weights with `rows` output rows in total."""
+    if key.quant == "int8":
+        return elements + 4 * rows  # int8 values + one fp32 scale per output row (LLM.int8)
+    block = overhead("bnb_blocksize_4bit")
+    if key.double_quant:  # 8-bit absmax per block, fp32 absmax per 256 blocks
+        return elements * 0.5 + elements / block + 4 * elements / (block * overhead("bnb_blocksize_4bit_second"))
+    return elements * 0.5 + 4 * elements / block
+
+
+def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
+    """Base weights on one GPU (adapters excluded).
+
+    bitsandbytes replaces nn.Linear modules only: transformers 5 stores MoE experts as fused 3-D
+    parameters, which stay unquantized. Training on a quantized base goes through peft's
+    prepare_model_for_kbit_training, which upcasts every non-quantized parameter (embeddings,
+    norms, lm_head, experts) to fp32 whatever the precision; inference keeps them as loaded.
+    """
+    base = _base_dtype_bytes(key)
+    if key.quant == "none":
+        return sizes.total * base
+    fraction = sizes.linear_w / max(params.linear_weights, 1)
+    dense = [lin for lin in params.linears if not lin.expert]
+    quantized = sum(lin.weight_params for lin in dense) * fraction
+    rows = sum(lin.d_out * lin.count for lin in dense) * fraction
+    other = 4 if key.training else base
+    return _quantized_linear_bytes(key, quantized, rows) + (sizes.total - quantized) * other
+
+
+@dataclass(frozen=True)
+class Training:
+    trainable: float       # trainable elements on this GPU before ZeRO partitioning
+    param_bytes: int       # bytes per trainable element as stored
+    state_bytes: int       # bytes per element of optimizer state dtype
+    deepspeed_half: bool   # DeepSpeed mixed precision: fp32 master + fp32 gradient partition
+
+
+def _training(key: StatesKey, params: ParamCounts, sizes: Sizes) -> Training:
+    if key.method == "full":
+        param_bytes = _base_dtype_bytes(key)
+        deepspeed_half = key.zero >= 1 and param_bytes == 2
+        return Training(sizes.total, param_bytes, 4 if deepspeed_half else param_bytes, deepspeed_half)
+    # peft keeps adapters in fp32 (autocast_adapter_dtype=True) whatever the base dtype
+    return Training(lora_params(key, params) / (key.tp * key.pp), 4, 4, False)
+
+
+def _trainable_tensors(key: StatesKey, params: ParamCounts) -> list[tuple[int, int]]:
+    """(elements, how many) of every trainable tensor: the granularity of 8-bit optimizers."""
+    spec = key.model
+    if key.method != "full":
+        return [tensor for lin in params.linears if lin.role in key.lora_targets and not lin.expert
+                for tensor in ((key.lora_rank * lin.d_in, lin.count), (key.lora_rank * lin.d_out, lin.count))]
+    out = [(lin.d_in * lin.d_out, lin.count) for lin in params.linears]
+    out += [(lin.d_out, lin.count) for lin in params.linears if lin.bias]
+    per_norm = 2 if spec.norm == "layer" else 1
+    out.append((spec.hidden_size, per_norm * (spec.norms_per_layer * spec.num_layers + int(spec.final_norm))))
+    if spec.qk_norm:
+        out.append((spec.head_dim, per_norm * 2 * spec.num_layers))
+    if spec.embed_norm:
+        out.append((spec.embed_dim, per_norm))
+    out += [(elements, 1) for elements in (params.embedding, params.lm_head, params.lm_head_bias, params.positions)
+            if elements]
+    if params.router:
+        out.append((params.router // max(spec.num_moe_layers, 1), max(spec.num_moe_layers, 1)))
+    return out
+
+
+def _bnb_8bit_state_bytes(key: StatesKey, params: ParamCounts) -> float:
+    """bitsandbytes 8-bit Adam: two uint8 states + one fp32 absmax per block per state; tensors
+    under min_8bit_size keep two fp32 states (8 B per element)."""
+    limit, block = overhead("bnb_min_8bit_size"), overhead("bnb_blocksize_8bit_optimizer")
+    total = 0
+    for elements, count in _trainable_tensors(key, params):
+        total += count * (8 * elements if elements < limit else 2 * elements + 8 * math.ceil(elements / block))
+    return total
+
+
+def _optimizer_bytes_per_param(key: StatesKey, state_bytes: int) -> float:
+    if key.optimizer in ("adamw", "paged-adamw"):
+        return 2 * state_bytes
+    if key.optimizer == "sgd":
+        return state_bytes
+    return 0.0  # adafactor: counted from matrix shapes
+
+
+def _adafactor_state(key: StatesKey, params: ParamCounts) -> float:
+    """Adafactor (no first moment) keeps fp32 row and column second moments per matrix."""
+    if key.method != "full":
+        return sum(4 * (key.lora_rank + lin.d_in + key.lora_rank + lin.d_out) * lin.count
+                   for lin in params.linears if lin.role in key.lora_targets and not lin.expert)
+    spec = key.model
+    total = sum(4 * (lin.d_in + lin.d_out) * lin.count for lin in params.linears)
+    total += 4 * (spec.vocab_size + spec.embed_dim) * (1 if spec.tied_embeddings else 2)
+    return total + 4 * (params.norms + params.router + params.linear_biases)
+
+
+def _optimizer_temporaries(key: StatesKey, trained: Training, params: ParamCounts) -> float:
+    """Extra memory inside optimizer.step() (torch implementations; DeepSpeed's are fused)."""
+    if key.zero >= 1 or key.optimizer not in ("adamw", "sgd", "adafactor"):
+        return 0.0
+    largest = params.largest_layer if key.method == "full" else max(
+        (key.lora_rank * max(lin.d_in, lin.d_out) for lin in params.linears
+         if lin.role in key.lora_targets and not lin.expert), default=0)
+    if key.optimizer == "adafactor":  # update and its factored estimate in fp32; half parameters
+        return (2 + (2 if trained.param_bytes == 2 else 0)) * 4 * largest   # add fp32 grad and param copies
+    if key.optimizer == "sgd" or key.adamw_impl == "fused":
+        return 0.0
+    if key.adamw_impl == "foreach":
+        return trained.trainable * trained.state_bytes  # one intermediate list the size of all params
+    return 2 * largest * trained.state_bytes     # single-tensor loop: two temporaries, largest param
+
+
+@dataclass(frozen=True)
+class States:
+    sizes: Sizes
+    trained: Training | None   # None for inference
+    weights: float
+    gradients: float
+    optimizer: float
+    master: float
+    temporaries: float
+    zero_buffers: float
+    paged: float
+    host: float
+
+
+@lru_cache(maxsize=4096)
+def model_states(key: StatesKey) -> States:
+    """Weights, gradients, optimizer states and master weights per GPU, after ZeRO and offload,
+    with the local sizes and the training precision plan they come from.
+
+    They do not depend on batch or sequence, so planners that sweep those reuse them (cached on
+    the key, which holds every field this reads).
+    """
+    params = count_params(key.model)
+    sizes = local_sizes(key, params)
+    base_weights = weights_bytes(key, params, sizes)
+    if not key.training:
+        return States(sizes, None, base_weights, 0, 0, 0, 0, 0, 0, 0)
+    trained = _training(key, params, sizes)
+    dp, stage = key.dp, key.zero
+    adapters = trained.trainable * 4 if key.method != "full" else 0.0
+    weights = base_weights + adapters
+    grads = trained.trainable * trained.param_bytes
+    per_param = _optimizer_bytes_per_param(key, trained.state_bytes)
+    if key.optimizer == "adafactor":
+        opt = _adafactor_state(key, params) / (key.tp * key.pp)
+    elif key.optimizer.endswith("8bit"):
+        opt = _bnb_8bit_state_bytes(key, params) / (key.tp * key.pp)
+    else:
+        opt = trained.trainable * per_param
+    master = trained.trainable * 4 if trained.deepspeed_half else 0.0
+    fp32_grad = trained.trainable * 4 if trained.deepspeed_half else 0.0
+    temps = _optimizer_temporaries(key, trained, params)
+    buffers = 0.0
+    if stage >= 1:
+        opt, master, fp32_grad = opt / dp, master / dp, fp32_grad / dp
+    if stage == 3 and key.offload == "none":  # stage 3 makes fp32 gradients one sub-group at a time
+        limit = overhead("zero3_sub_group_elements") + params.largest_layer / dp
+        fp32_grad = min(fp32_grad, 4 * limit) if trained.deepspeed_half else fp32_grad
+    if stage >= 1:  # DeepSpeed allocates its reduce bucket at every stage, whatever the model size
+        buffers = overhead("zero_reduce_bucket_elements") * trained.param_bytes
+    if stage >= 2:
+        grads = grads / dp
+    if stage == 3:
+        weights = weights / dp
+        # DeepSpeed's gathered largest layer: params + grads
+        buffers += (params.largest_layer / (key.tp * key.pp)) * 2 * trained.param_bytes
+        buffers += overhead("zero3_prefetch_bucket_elements") * trained.param_bytes
+    if stage == 0 and dp > 1:
+        buffers = grads  # DDP copies gradients into its own buckets (gradient_as_bucket_view=False)
+    host = 0.0
+    if key.offload != "none":
+        host = opt + master + fp32_grad
+        opt, master, fp32_grad = 0.0, 0.0, 0.0
+        if stage >= 2:  # the half gradient partition lives on the CPU too (DeepSpeed offload path)
+            host, grads = host + grads, 0.0
+        if stage in (1, 2):  # stage_1_and_2.py: bf16 staging copy of the partition and a bf16 buffer
+            host += trained.trainable / dp * trained.param_bytes + 2 * params.largest_layer  # of the largest param
+    if key.offload == "optimizer+params":
+        host += weights
+        weights = 0.0
+    paged = 0.0
+    if key.optimizer.startswith("paged"):
+        paged, opt = opt, 0.0
+    # DeepSpeed casts the half gradient partition to fp32 before it frees the half gradients
+    # (stage_1_and_2.py step()), so both are live at that moment: 2 + 2 + 4 + 4 + 8 = 20 B per
+    # parameter at ZeRO-1 on one GPU, as DeepSpeed's own estimator counts (2P + 18P/N).
+    return States(sizes, trained, weights, grads + fp32_grad, opt, master, temps, buffers, paged, host)
