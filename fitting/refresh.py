@@ -138,32 +138,38 @@ def refresh(run_dirs, gpu_slug: str, table_path: Path | None = None, write: bool
     result.table = calibration_table.build(data, fit, cv, file_paths=file_paths)
     if result.missing:
         result.table["notes"].append("dropped earlier measurement files that are gone: " + ", ".join(result.missing))
+    lines += _comparison_lines(result, bool(new_mask.any()))
+    lines += _write(result, folder, destinations, allow_missing) if write else ["compare only: nothing written"]
+    result.text = "\n".join(lines)
+    return result
 
-    lines += ["", "all points: before and after (|error| median, p90, under-estimate rate)",
-              render.errors(list(result.before.items()) + list(result.after.items()))]
-    if new_mask.any():
+
+def _comparison_lines(result: RefreshResult, this_run: bool) -> list[str]:
+    """Before/after errors, this run's points, the new factors and bounds, the warnings."""
+    lines = ["", "all points: before and after (|error| median, p90, under-estimate rate)",
+             render.errors(list(result.before.items()) + list(result.after.items()))]
+    if this_run:
         lines += ["", "this run's points", render.errors(list(result.this_run.items()))]
     lines += ["", "new factors", render.factors(result.table), "", "safe upper bounds",
               render.upper_bounds(result.table)]
-    for w in result.warnings:
-        lines.append(f"warning: {w}")
-    if write and result.missing and not allow_missing:
-        lines.append("NOT WRITTEN: earlier measurement files of the current table are gone ("
-                     + ", ".join(result.missing) + "); restore them or refresh with allow_missing=True")
-    elif write:
-        folder.mkdir(parents=True, exist_ok=True)
-        for src, dst in destinations.items():
-            if src.resolve() != dst.resolve() and not dst.exists():
-                _commit(src, dst)
-                result.copied.append(display_path(dst))
-        calibration_table.write(table_path, result.table)
-        result.written = True
-        lines.append(f"written: {display_path(table_path)}"
-                     + (f" (measurements copied: {', '.join(result.copied)})" if result.copied else ""))
-    else:
-        lines.append("compare only: nothing written")
-    result.text = "\n".join(lines)
-    return result
+    return lines + [f"warning: {w}" for w in result.warnings]
+
+
+def _write(result: RefreshResult, folder: Path, destinations: dict, allow_missing: bool) -> list[str]:
+    """Copy the run's measurement files under the measurements folder and write the table; refused
+    while earlier measurement files of the current table are gone (unless `allow_missing`)."""
+    if result.missing and not allow_missing:
+        return ["NOT WRITTEN: earlier measurement files of the current table are gone ("
+                + ", ".join(result.missing) + "); restore them or refresh with allow_missing=True"]
+    folder.mkdir(parents=True, exist_ok=True)
+    for src, dst in destinations.items():
+        if src.resolve() != dst.resolve() and not dst.exists():
+            _commit(src, dst)
+            result.copied.append(display_path(dst))
+    calibration_table.write(result.table_path, result.table)
+    result.written = True
+    return [f"written: {display_path(result.table_path)}"
+            + (f" (measurements copied: {', '.join(result.copied)})" if result.copied else "")]
 
 
 def _commit(src: Path, dst: Path) -> None:
