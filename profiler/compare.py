@@ -30,7 +30,7 @@ from estimator.files import atomic_write, atomic_write_json, atomic_write_text
 from estimator.units import gib
 from estimator.workload import Workload
 from profiler.plot import parity_plot
-from profiler.record import merge_ranks, workload_from_row
+from profiler.record import measured_value, merge_ranks, workload_from_row
 
 
 @dataclass(frozen=True)
@@ -83,17 +83,6 @@ def signed_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured
 
 
-def _number(value) -> float | None:
-    """A measured value, or None when absent, NaN or not positive (never measured as 0)."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) and value > 0 else None
-
-
 # ---- rows -> configurations -------------------------------------------------------------------
 
 def ok_configurations(rows: list[dict]) -> list[dict]:
@@ -122,7 +111,7 @@ def compare_rows(rows: list[dict], predict: Callable) -> list[Point]:
         backend = row.get("backend") or ""
         inference = row.get("method") == "inference"
         wanted = [q for q in QUANTITIES if inference or not q.inference_only]
-        measured = {q.name: _number(row.get(q.name)) if backend in q.backends else None for q in wanted}
+        measured = {q.name: measured_value(row.get(q.name)) if backend in q.backends else None for q in wanted}
         slug, predicted, failure = row.get("gpu_slug") or "", {}, ""
         if any(v is not None for v in measured.values()):
             try:

@@ -275,7 +275,7 @@ def case_status(rows: list[dict]) -> str:
     return next((s for s in STATUS_PRIORITY if s in statuses), "error")
 
 
-def _measured(value) -> float | None:
+def measured_value(value) -> float | None:
     """A measured number (typed or text), or None when absent, NaN, not a number or not positive."""
     if value is None or isinstance(value, bool):
         return None
@@ -290,7 +290,7 @@ def _largest(rows: list[dict], name: str) -> dict | None:
     """The first row with the largest measured value of `name`; None when no row measured it."""
     best, best_value = None, None
     for row in rows:
-        value = _measured(row.get(name))
+        value = measured_value(row.get(name))
         if value is not None and (best_value is None or value > best_value):
             best, best_value = row, value
     return best
