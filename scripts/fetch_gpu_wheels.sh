@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 mkdir -p .whl
 plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
-for pkg in bitsandbytes==0.50.2 hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions; do
+# pydantic requires one exact pydantic-core: both pinned to the pair the project's venv resolved
+# (tests/test_gpu_session.py checks the pins against pydantic's own metadata).
+for pkg in bitsandbytes==0.50.2 hjson pydantic==2.14.3 pydantic-core==2.50.4 annotated-types typing-inspection typing-extensions; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${plat[@]}" -d .whl "$pkg"
 done
