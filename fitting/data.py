@@ -220,6 +220,7 @@ def _features(w: Workload, gpu_slug: str, row) -> dict:
         "params_active": float(p.active), "tokens": float(w.batch * w.seq), "world_size": w.world_size,
         "grad_accum": w.grad_accum, "new_tokens": w.new_tokens, "batch": w.batch, "seq": w.seq,
         "source_file": row["source_file"], "started_at": row.get("started_at", ""),
+        "device_used_source": str(row.get("device_used_source", "") or ""),
         "raw_peak_allocated_bytes": float(m.peak_allocated_bytes),
         "raw_peak_reserved_bytes": float(m.peak_reserved_bytes),
         "raw_device_used_bytes": float(m.device_used_bytes),

@@ -18,7 +18,10 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    over all methods, fitted on measured allocated and reserved (f in [0, 2], g in [0, 16 GiB]).
 3. Device used [B] (`_fit_device`): `cuda_context_bytes` = median measured context;
    `non_pytorch_bytes` = median of device_used - reserved - context - paged states on one GPU;
-   `nccl_buffers_bytes` = the same residual's median on multi-GPU runs, less non_pytorch.
+   `nccl_buffers_bytes` = the same residual's median on multi-GPU runs, less non_pytorch. Both
+   from one kind of device_used reading only (`device_used_source`: nvml-process if it has
+   enough points, else nvml-device-delta, else rows without a source; the other kinds' medians
+   go to the notes); legacy nvml-device rows (whole-device memory) are never used.
 4. Step time [s] (`_fit_time`): per point the achieved fraction hardware FLOPs / (peak x
    (step_s - exposed communication)); `mfu["method|size"]` and `mfu["method"]` are medians;
    inference: prefill FLOPs / (peak x prefill_s) ("inference-prefill") and
@@ -238,13 +241,40 @@ def _fit_device(frame: pd.DataFrame, fit: Fit) -> None:
     rows = rows[row_ctx.notna()]
     row_ctx = row_ctx[row_ctx.notna()]
     outside = rows["m_device_used_bytes"] - rows["m_peak_reserved_bytes"] - row_ctx - rows["paged"]
+    kinds = _used_kinds(rows)
+    kind = next((k for k in USED_KINDS if int(((kinds == k) & (rows["world_size"] <= 1)).sum()) >= MIN_POINTS), None)
+    legacy = int((kinds == LEGACY_DEVICE_KIND).sum())
+    if legacy:
+        fit.notes.append(f"device_used: {legacy} row(s) of whole-device memory (nvml-device: driver reserve and "
+                         "other processes included) left out of non_pytorch_bytes and nccl_buffers_bytes")
+    if kind is None:
+        return
+    for other_kind in USED_KINDS:  # fitted separately; the table keeps one, the others are told
+        sub = outside[(kinds == other_kind) & (rows["world_size"] <= 1)]
+        if other_kind != kind and len(sub) >= MIN_POINTS:
+            fit.notes.append(f"non_pytorch_bytes from {other_kind or 'rows without a source'} rows alone: "
+                             f"{np.median(sub) / 2**20:.0f} MiB ({len(sub)} points; the table uses "
+                             f"{kind or 'rows without a source'})")
+    outside, rows = outside[kinds == kind], rows[kinds == kind]
     single = rows["world_size"] <= 1
-    if int(single.sum()) >= MIN_POINTS:
-        other = int(round(float(np.median(outside[single]))))
-        fit.factors["non_pytorch_bytes"], fit.points["non_pytorch_bytes"] = other, int(single.sum())
-        if int((~single).sum()) >= MIN_POINTS:
-            nccl = max(0, int(round(float(np.median(outside[~single]))) - other))
-            fit.factors["nccl_buffers_bytes"], fit.points["nccl_buffers_bytes"] = nccl, int((~single).sum())
+    other = int(round(float(np.median(outside[single]))))
+    fit.factors["non_pytorch_bytes"], fit.points["non_pytorch_bytes"] = other, int(single.sum())
+    if int((~single).sum()) >= MIN_POINTS:
+        nccl = max(0, int(round(float(np.median(outside[~single]))) - other))
+        fit.factors["nccl_buffers_bytes"], fit.points["nccl_buffers_bytes"] = nccl, int((~single).sum())
+
+
+# device_used_source kinds whose device_used_bytes is this process's memory, in order of trust
+# (profiler.device.nvml); "" = a row without a source. Each is fitted on its own, never mixed.
+USED_KINDS = ("nvml-process", "nvml-device-delta", "")
+LEGACY_DEVICE_KIND = "nvml-device"  # whole-device memory: another quantity, never fitted
+
+
+def _used_kinds(rows: pd.DataFrame) -> pd.Series:
+    """Each row's device_used_source ("" when the frame has none)."""
+    if "device_used_source" not in rows.columns:
+        return pd.Series("", index=rows.index)
+    return rows["device_used_source"].fillna("").astype(str).str.strip().replace({"nan": "", "None": ""})
 
 
 def _median_by(values: pd.Series, keys: pd.Series, low: float, high: float) -> tuple[dict, dict]:

@@ -40,9 +40,12 @@ WORLD_SIZE > 1); inference cases time steps.prefill and steps.decode separately.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +58,9 @@ from profiler.device import nvml
 from profiler.env import environment
 from profiler.trace import trace_row
 
+PARENT_ENV = "PROFILER_PARENT_PID"  # set by profiler.runner: the process this child must not outlive
+PR_SET_PDEATHSIG = 1                # linux/prctl.h
+PARENT_POLL_S = 0.5
 EXIT_OK = 0
 EXIT_UNWRITABLE = 2
 EXIT_RANK_FAILED = 3
@@ -81,6 +87,70 @@ def out_path(out: str | Path, rank: int, world_size: int) -> Path:
 def write_rows(path: Path, rows: list[dict]) -> None:
     """Write rows as JSON atomically (estimator.files.atomic_write_text)."""
     atomic_write_text(path, json.dumps([record.check_row(r) for r in rows], indent=1, sort_keys=True))
+
+
+def die_with_parent() -> None:
+    """Make this process end with its parent: the kernel's parent-death signal (Linux prctl
+    PR_SET_PDEATHSIG = SIGKILL) and a watch thread that, every PARENT_POLL_S, checks that the
+    parent is still the one it started under and that the runner named by $PROFILER_PARENT_PID
+    (the grandparent under torchrun or DeepSpeed's launcher) still runs; when either is gone it
+    SIGKILLs its own process group (this process alone when it leads none). Without this a
+    SIGKILLed parent leaves the child holding the GPU beside the next measurements."""
+    parent = os.getppid()
+    runner = _runner_pid()
+    _set_parent_death_signal(signal.SIGKILL)
+    if _orphaned(parent, runner):  # the parent died before the signal was set
+        _kill_own_group()
+    threading.Thread(target=_watch_parent, args=(parent, runner), name="parent-watch", daemon=True).start()
+
+
+def _runner_pid() -> int | None:
+    try:
+        pid = int(os.environ.get(PARENT_ENV, ""))
+    except ValueError:
+        return None
+    return pid if pid > 1 else None
+
+
+def _set_parent_death_signal(sig: int) -> bool:
+    """prctl(PR_SET_PDEATHSIG, sig) through libc; False where it is not available (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs and started before this process (a recycled pid is not the runner)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return (proc.status() != psutil.STATUS_ZOMBIE
+                and proc.create_time() <= psutil.Process().create_time() + 1.0)
+    except psutil.Error:
+        return False
+
+
+def _orphaned(parent: int, runner: int | None) -> bool:
+    return os.getppid() != parent or parent <= 1 or (runner is not None and not _alive(runner))
+
+
+def _watch_parent(parent: int, runner: int | None) -> None:
+    while not _orphaned(parent, runner):
+        time.sleep(PARENT_POLL_S)
+    _kill_own_group()
+
+
+def _kill_own_group() -> None:
+    sys.stderr.write("profiler.child: the parent process is gone; stopping\n")
+    sys.stderr.flush()
+    if os.getpgrp() == os.getpid():  # the runner (or a launcher) made this process a group leader
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- status of an exception
@@ -132,12 +202,24 @@ def new_row(case: Case | None, raw: dict | None, backend: str, **columns) -> dic
     return record.new_row(None, backend, **known, **columns)
 
 
+_GPU_FIELDS = ("gpu_name", "gpu_slug", "gpu_memory_bytes")
+_device_fields: dict[str, dict] = {}  # device -> its GPU fields, read while the device was healthy
+
+
 def safe_environment(device: str) -> dict:
-    """profiler.env.environment, falling back to the cpu fields if the device cannot be read."""
+    """profiler.env.environment; if the device cannot be read any more (a sticky CUDA error), the
+    library and host fields with the GPU fields read before the error, or None (not the CPU's
+    name: the row was measured on a GPU)."""
     try:
-        return environment(device)
+        fields = environment(device)
     except Exception:  # e.g. a sticky CUDA error: still name the libraries and the host
-        return environment("cpu")
+        fields = environment("cpu")
+        if device.startswith("cuda"):
+            fields.update(dict.fromkeys(_GPU_FIELDS), **_device_fields.get(device, {}))
+        return fields
+    if device.startswith("cuda"):
+        _device_fields[device] = {k: fields[k] for k in _GPU_FIELDS}
+    return fields
 
 
 def process_wall_s() -> float:
@@ -171,23 +253,53 @@ def device_name(backend: str, local_rank: int) -> str:
     return f"cuda:{local_rank}" if backend == "cuda" else "cpu"
 
 
+class DeviceBusy(RuntimeError):
+    """Another process holds the GPU (a run left behind, another user): measuring beside it would
+    mix its memory and time into this row."""
+
+
+def launcher_family() -> set[int]:
+    """This process's parent and the parent's descendants (the other ranks under a launcher, the
+    runner itself): processes whose presence on the device is expected."""
+    import psutil
+
+    try:
+        parent = psutil.Process(os.getppid())
+        return {parent.pid} | {p.pid for p in parent.children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def check_idle(handle, wait_s: float = nvml.IDLE_WAIT_S) -> None:
+    """Raise DeviceBusy when other processes still hold the device after `wait_s` (NVML's process
+    list; nothing is checked when NVML cannot say)."""
+    busy = nvml.wait_until_idle(handle, launcher_family(), timeout_s=wait_s)
+    if busy:
+        raise DeviceBusy(f"GPU not idle before measuring: {nvml.describe_busy(busy)} still hold it "
+                         f"after {wait_s:g} s")
+
+
 def setup_device(backend: str, local_rank: int):
-    """(device, nvml device or None, context_bytes): on cuda, select cuda:LOCAL_RANK and
-    measure the CUDA context (NVML delta around torch.cuda.init() and a one-element tensor)."""
+    """(device, nvml device or None, NVML reading around CUDA init): on cuda, check that no other
+    process holds the GPU, select cuda:LOCAL_RANK and measure the device's used memory before
+    CUDA started (the baseline) and the CUDA context (NVML delta around torch.cuda.init() and a
+    one-element tensor)."""
     if backend != "cuda":
-        return "cpu", None, None
+        return "cpu", None, nvml.InitReading(None, None)
     import torch
 
     device = device_name(backend, local_rank)
     handle = nvml.open_device(local_rank)
+    check_idle(handle)
 
     def init() -> None:
         torch.cuda.init()
         torch.cuda.set_device(device)
         torch.empty(1, device=device)
 
-    context = nvml.context_bytes(handle, init, lambda: torch.cuda.memory_reserved(device))
-    return device, handle, context
+    reading = nvml.init_reading(handle, init, lambda: torch.cuda.memory_reserved(device))
+    safe_environment(device)  # the GPU fields, while the device is healthy (kept for error rows)
+    return device, handle, reading
 
 
 def check_world(w: Workload, world_size: int) -> None:
@@ -281,20 +393,22 @@ def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict
     build.check_packages(w)
     check_world(w, world_size)
     check_backend(backend)
-    device, handle, context = setup_device(backend, local_rank)
+    device, handle, reading = setup_device(backend, local_rank)
     init_process_group(w, backend, world_size)
     phases, weights, offload = prepare(case, w, device, world_size)
-    probe, source = nvml.used_probe(handle)
-    measured = measure.run(phases, case.warmup, case.steps, device, probe, context)
+    probe, source = nvml.used_probe(handle, baseline_bytes=reading.baseline_bytes)
+    measured = measure.run(phases, case.warmup, case.steps, device, probe, reading.context_bytes)
     env = safe_environment(device)
     row = {**measured.columns(), **env, "weights_bytes": weights,
            "device_used_source": source if measured.device_used_bytes else None,
+           "device_baseline_bytes": reading.baseline_bytes,
            "host_offload_bytes": offload() if offload else None}
     if not w.training:
         row.update(measure.inference_split(w, measured.phase_s))
     row.update(measure.rates(w, measured.step_s, env["gpu_slug"]))
-    if w.zero:  # an ok row says when DeepSpeed's FusedAdam was replaced by torch's AdamW
-        row["message"] = zero.adam_fallback(w, device) or ""
+    # an ok row says when the allocator retried and when DeepSpeed's FusedAdam was replaced by AdamW
+    notes = [measured.retry_warning(), zero.adam_fallback(w, device) if w.zero else None]
+    row["message"] = "; ".join(n for n in notes if n)
     return row
 
 
@@ -398,4 +512,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()  # here, not in main(): main() also runs inside test processes
     sys.exit(main())

@@ -7,6 +7,9 @@ timed steps, warnings about the timings, and each memory peak under its own name
 
 Every reading comes from `profiler.device`: on cuda the clock is CUDA events, read after one
 synchronize at the end, and the allocator's peaks; on cpu the clock is `time.perf_counter`.
+On cuda the allocator's cache is emptied before the warm-up (blocks cached while building must
+not inflate the peak reserved) and its `num_alloc_retries` counter is read around the timed steps:
+retries (a configuration near the memory limit) slow every step, so a run with any is flagged.
 During the timed steps a background thread samples host RSS and, when given, NVML device used
 memory (`profiler.device.nvml.PeakSampler`).
 
@@ -131,7 +134,9 @@ class Measurement:
     - device_used_bytes: NVML used memory sampled during the timed steps (None without a probe);
     - host_rss_bytes: this process's resident memory sampled during the timed steps;
     - context_bytes: the CUDA context, measured once when the device was opened (before the run)
-      and recorded with it; None when not given.
+      and recorded with it; None when not given;
+    - alloc_retries: the allocator's retries (`num_alloc_retries`) during the timed steps; None
+      off cuda.
     """
 
     step_s: float                      # median
@@ -144,6 +149,7 @@ class Measurement:
     device_used_bytes: int | None = None
     host_rss_bytes: int | None = None
     context_bytes: int | None = None
+    alloc_retries: int | None = None
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -157,28 +163,47 @@ class Measurement:
         return {"step_s": self.step_s, "step_s_min": self.step_s_min, "step_s_max": self.step_s_max,
                 "step_spread": self.step_spread, "peak_allocated_bytes": self.peak_allocated_bytes,
                 "peak_reserved_bytes": self.peak_reserved_bytes, "device_used_bytes": self.device_used_bytes,
-                "host_rss_bytes": self.host_rss_bytes, "context_bytes": self.context_bytes}
+                "host_rss_bytes": self.host_rss_bytes, "context_bytes": self.context_bytes,
+                "alloc_retries": self.alloc_retries}
+
+    def retry_warning(self) -> str:
+        """The row's message when the allocator retried during the timed steps, else ''."""
+        return retry_warning(self.alloc_retries)
+
+
+def retry_warning(retries: int | None) -> str:
+    """What a positive retry count means for the row, in words ('' for none or not measured)."""
+    if not retries:
+        return ""
+    return (f"allocator retried {retries} time(s) during the timed steps (num_alloc_retries): "
+            "near the memory limit, step times are slowed")
 
 
 def run(phases: Sequence[Phase], warmup: int, steps: int, device: str,
         device_used: Probe | None = None, context_bytes: int | None = None) -> Measurement:
     """Warm up, reset the peaks, time `steps` steps of `phases` on `device` while sampling host
     RSS and `device_used` (an NVML probe, or None), then read the allocator's peaks.
-    `context_bytes` (measured when the device was opened) is recorded as given."""
+    `context_bytes` (measured when the device was opened) is recorded as given. The allocator's
+    cache is emptied before the warm-up; its retries are counted over the timed steps."""
+    cuda.empty_cache(device)
     for _ in range(warmup):
         for phase in phases:
             phase()
     cuda.reset_peaks(device)
+    retries_before = cuda.alloc_retries(device)
     with PeakSampler({"host_rss_bytes": host.rss_bytes, "device_used_bytes": device_used}) as sampler:
         durations = time_phases(phases, steps, clock_for(device))
     stats = step_stats([sum(d) for d in durations])
     allocator = cuda.peaks(device)
+    retries_after = cuda.alloc_retries(device)
+    retries = None if retries_before is None or retries_after is None else retries_after - retries_before
+    warnings = timing_warnings(stats, len(durations)) + ((retry_warning(retries),) if retries else ())
     return Measurement(
         step_s=stats.median_s, step_s_min=stats.min_s, step_s_max=stats.max_s, steps=len(durations),
         phase_s=tuple(float(statistics.median(d[i] for d in durations)) for i in range(len(phases))),
         peak_allocated_bytes=allocator.allocated_bytes, peak_reserved_bytes=allocator.reserved_bytes,
         device_used_bytes=sampler.peaks["device_used_bytes"], host_rss_bytes=sampler.peaks["host_rss_bytes"],
-        context_bytes=context_bytes, warnings=timing_warnings(stats, len(durations)))
+        context_bytes=context_bytes, alloc_retries=retries, warnings=warnings)
 
 
 def inference_split(w: Workload, phase_s: Sequence[float]) -> dict:

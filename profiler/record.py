@@ -44,11 +44,19 @@ _RUN = [
     ("peak_allocated_bytes", "torch.cuda.max_memory_allocated() over the timed steps (bytes); on trace: "
                              "peak of live fake-tensor bytes rounded to 512 B per tensor"),
     ("peak_reserved_bytes", "torch.cuda.max_memory_reserved() over the timed steps (bytes)"),
-    ("device_used_bytes", "peak of NVML used memory of the device sampled in a background thread (bytes); "
-                          "includes the CUDA context and everything outside PyTorch"),
-    ("device_used_source", "nvml-process (this process's usage) or nvml-device (whole-device used memory)"),
+    ("device_used_bytes", "peak of NVML used memory of this process sampled in a background thread "
+                          "(bytes; device_used_source says how it was read); includes the CUDA context "
+                          "and everything outside PyTorch"),
+    ("device_used_source", "nvml-process (this process's usage as NVML lists it) or nvml-device-delta "
+                           "(whole-device used memory minus device_baseline_bytes, where NVML lists no "
+                           "per-process memory, e.g. in containers); nvml-device: older rows, "
+                           "whole-device used memory (driver reserve and other processes included)"),
+    ("device_baseline_bytes", "NVML whole-device used memory before this process initialised CUDA "
+                              "(bytes): other processes and the driver's share"),
     ("context_bytes", "NVML device used after CUDA initialisation minus before it (bytes)"),
     ("host_rss_bytes", "peak resident set size of the process during the timed steps (bytes)"),
+    ("alloc_retries", "cudaMalloc retries of the caching allocator (num_alloc_retries) during the "
+                      "timed steps; above 0 the step times are slowed (the message says so)"),
     ("host_offload_bytes", "bytes of optimizer states/parameters DeepSpeed keeps on the host (bytes)"),
     ("weights_bytes", "bytes of parameter storage on the device after building (bytes)"),
     ("step_s", "median seconds per step (training: forward+backward+optimizer step over grad_accum "
@@ -89,7 +97,7 @@ STEP_TIME_COLUMNS = ("step_s", "step_s_min", "step_s_max", "step_spread", "prefi
                      "tokens_per_s", "mfu")
 STATUS_PRIORITY = ("oom", "error", "skipped", "ok")  # a configuration's status: the first any rank has
 _FLOAT_COLUMNS = {"step_spread", "mfu"}
-_INT_COLUMNS = {"rank", "world_size", "warmup", "steps"}
+_INT_COLUMNS = {"rank", "world_size", "warmup", "steps", "alloc_retries"}
 
 
 def _column_types() -> dict[str, type]:

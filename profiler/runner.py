@@ -22,7 +22,12 @@ Child contract (profiler/child.py)::
   `error` row for every rank 0..N-1 with no row;
 - no file at all (segfault, kill, timeout, import error): one `error` row per rank whose message
   says why (exit code, signal, or "timeout after S s") followed by the last lines of the child's
-  stderr. On timeout the whole process group is terminated (SIGTERM, then SIGKILL after 10 s).
+  stderr. On timeout the whole process group is terminated (SIGTERM, then SIGKILL after 10 s),
+  and with it every descendant in another session (torchrun starts its workers in their own);
+- children die with their parent: while a child runs, SIGTERM and SIGHUP (a `timeout`, a closed
+  SSH session) and Ctrl-C take the same path (the child's group and descendants are killed, then
+  the parent exits with 128 + the signal's number); a SIGKILLed parent cannot do anything, so the
+  child itself watches it ($PROFILER_PARENT_PID, profiler.child.die_with_parent).
 
 The child's stdout and stderr go to `<log_dir>/<model>-<hash>.stdout|.stderr` (log_dir is the
 run folder's logs/; a temporary folder when none is given). Children run with the repository
@@ -41,6 +46,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -55,6 +61,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD_MODULE = "profiler.child"
 CHILD_ENV = "PROFILER_CHILD_CMD"
 KILL_GRACE_S = 10.0
+KILL_WAIT_S = 5.0   # after SIGKILL: a process stuck in the driver (D state) is left, not waited on
+PARENT_ENV = "PROFILER_PARENT_PID"  # profiler.child.PARENT_ENV
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 MESSAGE_LINES = 3
 MESSAGE_CHARS = 500
 
@@ -122,37 +131,116 @@ def _child_env() -> dict:
            if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
+    env[PARENT_ENV] = str(os.getpid())
     return env
 
 
+def _descendants(pid: int) -> list:
+    """psutil.Process of every descendant of `pid` (empty when it is gone)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the child's process group, SIGKILL it if still alive after the grace period."""
-    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+    """SIGTERM the child's process group and its descendants in other sessions (torchrun's
+    workers), SIGKILL what is still alive after the grace period; the wait after SIGKILL is
+    bounded too (KILL_WAIT_S)."""
+    import psutil
+
+    family: dict[int, object] = {}
+    for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
+        family.update({p.pid: p for p in _descendants(proc.pid)})  # before the leader dies
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in family.values():
+            try:
+                p.send_signal(sig)  # psutil refuses a pid that was reused meanwhile
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + wait_s
         try:
             proc.wait(timeout=wait_s)
-            return
         except subprocess.TimeoutExpired:
             continue
+        _, alive = psutil.wait_procs(list(family.values()), timeout=max(0.0, deadline - time.monotonic()))
+        if not alive:
+            return
+        family = {p.pid: p for p in alive}
+
+
+def _kill_uninterrupted(proc: subprocess.Popen) -> None:
+    """`_kill_group` with SIGTERM and SIGHUP held back until it is done (a second signal must not
+    stop the kill halfway); a signal held back is delivered afterwards."""
+    block = hasattr(signal, "pthread_sigmask")
+    if block:
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+    try:
+        _kill_group(proc)
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+
+
+class ParentSignalled(SystemExit):
+    """SIGTERM or SIGHUP reached the parent while a child ran: the child was killed, the parent
+    exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum, frame) -> None:
+    raise ParentSignalled(signum)
+
+
+def _install_handlers() -> dict:
+    """Handlers raising ParentSignalled for SIGTERM and SIGHUP (not for a signal ignored on
+    purpose, e.g. SIGHUP under nohup); the previous handlers, to restore. Nothing outside the
+    main thread (where Python cannot set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for sig in FORWARDED_SIGNALS:
+        old = signal.getsignal(sig)
+        if old is signal.SIG_IGN:
+            continue
+        previous[sig] = old
+        signal.signal(sig, _raise_signalled)
+    return previous
+
+
+def _restore_handlers(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def execute(cmd: list[str], stdout_path: Path, stderr_path: Path, timeout_s: float) -> tuple[int | None, bool]:
     """Run `cmd` in its own session; (exit code, timed out). The exit code is negative when a
-    signal ended the process, None when it had to be killed on timeout."""
-    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                env=_child_env(), start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout_s), False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return None, True
-        except BaseException:  # Ctrl-C in the parent: take the child down with it
-            _kill_group(proc)
-            raise
+    signal ended the process, None when it had to be killed on timeout. Ctrl-C, SIGTERM or
+    SIGHUP in the parent meanwhile kill the child (group and descendants) and are raised again
+    (KeyboardInterrupt, ParentSignalled)."""
+    previous = _install_handlers()
+    try:
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                    env=_child_env(), start_new_session=True)
+            try:
+                return proc.wait(timeout=timeout_s), False
+            except subprocess.TimeoutExpired:
+                _kill_uninterrupted(proc)
+                return None, True
+            except BaseException:  # Ctrl-C, SIGTERM, SIGHUP in the parent: take the child down with it
+                _kill_uninterrupted(proc)
+                raise
+    finally:
+        _restore_handlers(previous)
 
 
 def tail_message(path: Path, lines: int = MESSAGE_LINES, limit: int = MESSAGE_CHARS) -> str:

@@ -326,3 +326,43 @@ def test_a_row_check_row_refuses_becomes_an_error_row(tmp_path):
     assert written["status"] == "error" and "host_rss_bytes" in written["message"]
     assert json.loads((tmp_path / "out.json").read_text()) == [written]
     assert written["host_rss_bytes"] is None and written["step_s"] == 0.1
+
+
+def test_allocator_retries_are_recorded_and_flagged(tmp_path, monkeypatch, single_process):
+    # issue 16 item 6: a run near the limit retries cudaMalloc; the row must say so
+    from profiler import measure
+
+    counter = iter([2, 5])
+    monkeypatch.setattr(measure.cuda, "alloc_retries", lambda d: next(counter))
+    code, (row,) = _main(tmp_path, {"seq": 16})
+    assert code == 0 and row["status"] == "ok"
+    assert row["alloc_retries"] == 3 and "allocator retried 3 time(s)" in row["message"]
+
+
+def test_cpu_rows_leave_retries_and_baseline_unmeasured(tmp_path, single_process):
+    code, (row,) = _main(tmp_path, {"seq": 16})
+    assert row["status"] == "ok" and row["message"] == ""
+    assert row["alloc_retries"] is None and row["device_baseline_bytes"] is None
+
+
+def test_after_a_sticky_cuda_error_the_row_keeps_the_gpu_name_read_before(monkeypatch):
+    # issue 16 item 8: not the CPU's name on a row measured on a GPU
+    gpu = {"gpu_name": "NVIDIA H100 80GB HBM3", "gpu_slug": "h100-80gb", "gpu_memory_bytes": 85 * 2**30}
+    calls = []
+
+    def environment(device):
+        calls.append(device)
+        if device == "cpu":
+            return {"gpu_name": "AMD EPYC", "gpu_slug": None, "gpu_memory_bytes": None, "torch": "x"}
+        if len(calls) > 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return {**gpu, "torch": "x"}
+
+    monkeypatch.setattr(child, "environment", environment)
+    monkeypatch.setattr(child, "_device_fields", {})
+    assert child.safe_environment("cuda:0")["gpu_name"] == gpu["gpu_name"]  # read while healthy
+    after = child.safe_environment("cuda:0")
+    assert {k: after[k] for k in gpu} == gpu and after["torch"] == "x"
+    # nothing read before the error: not measured, never the CPU's name
+    assert child.safe_environment("cuda:1")["gpu_name"] is None
+    assert child.safe_environment("cpu")["gpu_name"] == "AMD EPYC"

@@ -286,3 +286,25 @@ def test_context_by_driver_is_reported(rows_1pct):
     fit = fit_all(build_dataset(rows_frame(rows), GPU).frame, GPU)
     (note,) = [n for n in fit.notes if n.startswith("cuda_context_bytes")]
     assert "driver 550.54.15" in note and "driver 570.86.15" in note
+
+
+def test_non_pytorch_is_fitted_from_one_kind_of_device_used_reading():
+    # issue 16 item 5: whole-device rows (driver reserve, other tenants) must not be mixed in
+    import pandas as pd
+
+    from fitting.models import Fit, _fit_device
+
+    mib = 2**20
+    kinds = ["nvml-process"] * 3 + ["nvml-device-delta"] * 3 + ["nvml-device"] * 5
+    outside = [100 * mib] * 3 + [140 * mib] * 3 + [3000 * mib] * 5
+    frame = pd.DataFrame({"m_context_bytes": 500.0 * mib, "m_peak_reserved_bytes": 4000.0 * mib,
+                          "paged": 0.0, "world_size": 1, "device_used_source": kinds,
+                          "m_device_used_bytes": [4500.0 * mib + o for o in outside]})
+    fit = Fit()
+    _fit_device(frame, fit)
+    assert fit.factors["non_pytorch_bytes"] == 100 * mib and fit.points["non_pytorch_bytes"] == 3
+    assert any("nvml-device-delta rows alone: 140 MiB" in n for n in fit.notes)
+    assert any("5 row(s) of whole-device memory" in n for n in fit.notes)
+    fit = Fit()
+    _fit_device(frame[frame["device_used_source"] != "nvml-process"], fit)
+    assert fit.factors["non_pytorch_bytes"] == 140 * mib

@@ -97,7 +97,8 @@ def test_peak_allocated_is_what_the_tracer_predicts(states_row):
 def test_memory_quantities_are_ordered_and_environment_filled(states_row):
     _, row = states_row
     assert row["device_used_bytes"] >= row["peak_reserved_bytes"] >= row["peak_allocated_bytes"] > 0
-    assert row["device_used_source"] in ("nvml-process", "nvml-device")
+    assert row["device_used_source"] in ("nvml-process", "nvml-device-delta")
+    assert row["alloc_retries"] is not None and row["device_baseline_bytes"] is not None
     assert 50 * 2**20 < row["context_bytes"] < 4 * 2**30
     assert row["gpu_memory_bytes"] > 8 * 2**30 and row["gpu_name"]
     assert row["driver"] and row["cuda"] == torch.version.cuda

@@ -207,8 +207,98 @@ def test_context_bytes_is_the_nvml_delta_minus_what_the_allocator_holds():
 def test_used_probe_prefers_this_process_else_the_device():
     probe, source = nvml.used_probe(FakeDevice([7 * 2**30], process=3 * 2**30))
     assert (probe(), source) == (3 * 2**30, nvml.SOURCE_PROCESS)
-    probe, source = nvml.used_probe(FakeDevice([7 * 2**30], process=None))
-    assert (probe(), source) == (7 * 2**30, nvml.SOURCE_DEVICE)
+    # no per-process memory (containers): the device's used memory less the before-CUDA baseline
+    probe, source = nvml.used_probe(FakeDevice([7 * 2**30], process=None), baseline_bytes=2**30)
+    assert (probe(), source) == (6 * 2**30, nvml.SOURCE_DEVICE_DELTA)
+    # without a baseline the whole device would be another quantity: not measured
+    assert nvml.used_probe(FakeDevice([7 * 2**30], process=None)) == (None, "")
+
+
+def test_init_reading_keeps_the_baseline_before_cuda():
+    mib = 2**20
+    reading = nvml.init_reading(FakeDevice([1000 * mib, 1500 * mib]), lambda: None, lambda: 2 * mib)
+    assert reading == nvml.InitReading(1000 * mib, 498 * mib)
+    assert nvml.init_reading(None, lambda: None, lambda: 0) == nvml.InitReading(None, None)
+
+
+@pytest.mark.parametrize("visible", ["MIG-4b0d2c7e-ffff-5d3b-9a8e-0123456789ab", "GPU-deadbeef", "0,1", ""])
+def test_an_unmappable_cuda_index_is_not_measured(monkeypatch, visible):
+    # issue 16 item 5: never fall back to reading physical GPU `cuda_index`
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 8, raising=False)
+    assert nvml.nvml_index(2) is None
+    assert nvml.open_device(2) is None
+
+
+def test_visible_devices_map_to_nvml_indices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert nvml.nvml_index(0) == 3 and nvml.nvml_index(1) == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert nvml.nvml_index(1) == 1
+
+
+def test_a_mig_enabled_gpu_is_not_measured(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"handle{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigMode", lambda h: (1, 1))
+    assert nvml.open_device(0) is None
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigMode", lambda h: (0, 0))
+    assert nvml.open_device(0) == nvml.NvmlDevice("handle0", 0)
+
+
+def test_a_library_mismatch_is_not_measured(monkeypatch):
+    # NVMLLibraryMismatchError is not an NVMLError (old driver, new bindings): it must not escape
+    def mismatch(handle):
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", mismatch)
+    dev = nvml.NvmlDevice(handle=object(), index=0)
+    assert dev.process_used_bytes(os.getpid()) is None and dev.processes() is None
+    assert nvml.busy_processes(dev) is None
+
+
+def test_the_sampler_is_gentle_and_its_join_is_bounded(monkeypatch):
+    assert nvml.SAMPLE_INTERVAL_S >= 0.02  # NVML calls must not compete with launch-bound steps
+    monkeypatch.setattr(nvml, "JOIN_TIMEOUT_S", 0.2)
+    release = __import__("threading").Event()
+    calls = []
+
+    def stuck():
+        calls.append(1)
+        if len(calls) > 1:  # the thread's first sample hangs in "NVML"
+            release.wait(30)
+        return 5
+
+    t0 = time.monotonic()
+    with nvml.PeakSampler({"stuck": stuck}, interval_s=0.001) as s:
+        time.sleep(0.05)
+    release.set()
+    assert time.monotonic() - t0 < 5 and s.peaks["stuck"] == 5
+
+
+def test_run_empties_the_cache_before_warm_up_and_counts_retries_over_the_timed_steps(monkeypatch):
+    events, counter = [], iter([7, 10])
+    monkeypatch.setattr(measure.cuda, "empty_cache", lambda d: events.append("empty_cache"))
+    monkeypatch.setattr(measure.cuda, "reset_peaks", lambda d: events.append("reset"))
+    monkeypatch.setattr(measure.cuda, "alloc_retries", lambda d: next(counter))
+    m = measure.run([lambda: events.append("phase")], warmup=1, steps=3, device="cpu")
+    assert events[:3] == ["empty_cache", "phase", "reset"]
+    assert m.alloc_retries == 3 and m.columns()["alloc_retries"] == 3
+    assert "allocator retried 3 time(s)" in m.retry_warning() and m.retry_warning() in m.warnings
+
+
+def test_no_retries_no_warning_and_cpu_retries_are_not_measured():
+    m = measure.run([lambda: None], warmup=0, steps=3, device="cpu")
+    assert m.alloc_retries is None and m.retry_warning() == ""
+    assert cuda.alloc_retries("cpu") is None
+    cuda.empty_cache("cpu")  # a no-op off cuda
+    assert measure.retry_warning(0) == ""
+
+
+def test_alloc_retries_reads_the_allocator_counter(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda d=None: {"num_alloc_retries": 4})
+    assert cuda.alloc_retries("cuda:0") == 4
 
 
 def test_process_used_bytes_matches_our_pid_only(monkeypatch):
@@ -324,3 +414,14 @@ def test_environment_on_cpu_fills_every_environment_column():
     assert got["gpu_name"]  # the CPU model
     assert got["gpu_slug"] is None and got["gpu_memory_bytes"] is None
     assert package_version("no-such-package-xyz") is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_retries_and_the_emptied_cache_on_a_real_gpu():
+    x = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda:0")
+    del x
+    assert torch.cuda.memory_reserved(0) >= 256 * 2**20
+    cuda.empty_cache("cuda:0")
+    assert torch.cuda.memory_reserved(0) < 256 * 2**20
+    assert isinstance(cuda.alloc_retries("cuda:0"), int) and cuda.alloc_retries("cuda:0") >= 0

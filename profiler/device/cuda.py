@@ -1,4 +1,5 @@
-"""PyTorch's view of a CUDA device: the caching allocator's peaks, their reset, CUDA-event time.
+"""PyTorch's view of a CUDA device: the caching allocator's peaks, their reset, its cache release
+and retry counter, CUDA-event time.
 
 Every function takes a torch device string. On a device that is not cuda the peaks are None
 ("not measured", never 0: without a GPU `torch.cuda.max_memory_allocated()` silently returns 0)
@@ -41,6 +42,26 @@ def peaks(device: str) -> AllocatorPeaks:
 
     return AllocatorPeaks(int(torch.cuda.max_memory_allocated(device)) or None,
                           int(torch.cuda.max_memory_reserved(device)) or None)
+
+
+def empty_cache(device: str) -> None:
+    """Give the caching allocator's unused blocks back to the driver (cuda only; no-op elsewhere),
+    so that blocks cached while the model was built do not stand in the peak reserved."""
+    if is_cuda(device):
+        import torch
+
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def alloc_retries(device: str) -> int | None:
+    """The allocator's `num_alloc_retries` counter (cudaMalloc failures it answered by freeing its
+    cache and trying again: each one stalls the step); None off cuda."""
+    if not is_cuda(device):
+        return None
+    import torch
+
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
 
 
 class CudaClock:

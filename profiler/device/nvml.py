@@ -1,13 +1,22 @@
 """NVML: device memory as `nvidia-smi` sees it, and a background thread that keeps the peaks.
 
 - `open_device(cuda_index)`: an `NvmlDevice` for a torch CUDA index (CUDA_VISIBLE_DEVICES taken
-  into account), or None where NVML is unavailable (no library, no driver: "not measured").
-- `used_probe(device)`: what to sample for `device_used_bytes`: this process's used memory
-  (`nvmlDeviceGetComputeRunningProcesses`, source "nvml-process") where NVML lists our pid
-  with a size, else the whole device's used memory ("nvml-device"; containers often hide pids).
-- `context_bytes(device, init)`: device used memory after `init()` minus before it, less what
-  PyTorch's allocator holds after `init` (so the CUDA context alone, docs/design.md section 2).
-- `PeakSampler`: a thread calling probes every `interval_s` (5 ms) and keeping each maximum.
+  into account), or None where NVML is unavailable (no library, no driver) or where the index
+  cannot be mapped to an NVML device with certainty (MIG instances, an unresolvable UUID, a MIG-
+  enabled GPU): "not measured" rather than a reading of another device.
+- `used_probe(device, baseline_bytes=...)`: what to sample for `device_used_bytes`: this
+  process's used memory (`nvmlDeviceGetComputeRunningProcesses`, source "nvml-process") where
+  NVML lists our pid with a size, else the whole device's used memory minus `baseline_bytes`,
+  the reading taken before this process initialised CUDA ("nvml-device-delta"; containers often
+  hide pids). Rows written before the delta existed say "nvml-device": whole-device memory,
+  driver reserve and other tenants included, a different quantity.
+- `init_reading(device, init)`: the device's used memory before `init()` (the baseline) and the
+  CUDA context: used after minus before, less what PyTorch's allocator holds after `init`
+  (docs/design.md section 2); `context_bytes` is its second half.
+- `busy_processes(device)` / `wait_until_idle(device)`: other processes holding the device (None
+  when NVML cannot say), checked before a child measures.
+- `PeakSampler`: a thread calling probes every `interval_s` (20 ms: NVML calls must not compete
+  with launch-bound steps) and keeping each maximum.
 
 Bytes are int; a value that could not be read is None, never 0.
 """
@@ -16,12 +25,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
-SAMPLE_INTERVAL_S = 0.005
+SAMPLE_INTERVAL_S = 0.02
+JOIN_TIMEOUT_S = 5.0      # a sampler stuck in an NVML call is abandoned (daemon thread), not waited on
+IDLE_WAIT_S = 30.0        # how long a child waits for other processes to leave the device
+IDLE_POLL_S = 1.0
 SOURCE_PROCESS = "nvml-process"
-SOURCE_DEVICE = "nvml-device"
+SOURCE_DEVICE_DELTA = "nvml-device-delta"
+SOURCE_DEVICE = "nvml-device"  # legacy rows only: whole-device used memory, never written now
 
 Probe = Callable[[], "int | None"]
 
@@ -42,66 +56,153 @@ class NvmlDevice:
     def process_used_bytes(self, pid: int) -> int | None:
         """Used memory of process `pid` on this device, bytes; None where NVML does not list it
         (another pid namespace) or cannot say (usedGpuMemory unavailable)."""
-        import pynvml
-
-        try:
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
-        except pynvml.NVMLError:
-            return None
-        for proc in procs:
-            used = getattr(proc, "usedGpuMemory", None)
-            if proc.pid == pid and isinstance(used, int) and used > 0:
+        procs = self.processes()
+        for proc_pid, used in procs or ():
+            if proc_pid == pid and used is not None:
                 return used
         return None
 
+    def processes(self) -> list[tuple[int, int | None]] | None:
+        """(pid, used bytes or None) of every compute process NVML lists on this device; None
+        when NVML cannot say (any pynvml failure: NVMLError, and NVMLLibraryMismatchError, which
+        is not an NVMLError, from a driver older than the bindings)."""
+        try:
+            import pynvml
 
-def nvml_index(cuda_index: int) -> int:
-    """NVML index of torch's CUDA device `cuda_index`, without initialising CUDA."""
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        except Exception:
+            return None
+        out = []
+        for proc in procs:
+            used = getattr(proc, "usedGpuMemory", None)
+            out.append((int(proc.pid), used if isinstance(used, int) and used > 0 else None))
+        return out
+
+
+def nvml_index(cuda_index: int) -> int | None:
+    """NVML index of torch's CUDA device `cuda_index`, without initialising CUDA; None when it
+    cannot be told: a MIG instance in CUDA_VISIBLE_DEVICES, UUIDs NVML cannot resolve, an
+    index outside the visible list (reading GPU `cuda_index` instead would measure another
+    device)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return cuda_index
+    if "MIG" in visible.upper():
+        return None
     try:
         import torch
 
         return int(torch.cuda._get_nvml_device_index(cuda_index))
-    except Exception:  # private torch helper missing or CUDA_VISIBLE_DEVICES unparsable
-        return cuda_index
+    except Exception:  # private torch helper missing, UUIDs unresolved, index not visible
+        return None
+
+
+def _mig_enabled(handle) -> bool:
+    """True when the GPU runs MIG instances (its whole-device memory is not this instance's)."""
+    try:
+        import pynvml
+
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        return bool(current)
+    except Exception:  # not supported (no MIG on this GPU), old driver
+        return False
 
 
 def open_device(cuda_index: int) -> NvmlDevice | None:
-    """The NVML device behind torch's `cuda:cuda_index`, or None where NVML cannot be used."""
+    """The NVML device behind torch's `cuda:cuda_index`, or None where NVML cannot be used or the
+    device cannot be identified (see `nvml_index`; a MIG-enabled GPU)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         index = nvml_index(cuda_index)
-        return NvmlDevice(pynvml.nvmlDeviceGetHandleByIndex(index), index)
+        if index is None:
+            return None
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return None if _mig_enabled(handle) else NvmlDevice(handle, index)
     except Exception:  # pynvml missing, NVMLError_LibraryNotFound, DriverNotLoaded, bad index
         return None
 
 
-def used_probe(device: NvmlDevice | None, pid: int | None = None) -> tuple[Probe | None, str]:
-    """(probe, source) for device_used_bytes: per-process if NVML reports this process now,
-    else device-wide; (None, "") without NVML. Call after CUDA is initialised (the process
-    appears in NVML's list only once it has a context)."""
+def busy_processes(device: NvmlDevice | None, exclude: set[int] | frozenset = frozenset()
+                   ) -> list[tuple[int, int | None]] | None:
+    """Processes other than `exclude` (and this one) that NVML lists on the device; None when
+    NVML cannot say (no device, a failing call)."""
+    if device is None:
+        return None
+    procs = device.processes()
+    if procs is None:
+        return None
+    skip = set(exclude) | {os.getpid()}
+    return [(pid, used) for pid, used in procs if pid not in skip]
+
+
+def wait_until_idle(device: NvmlDevice | None, exclude: set[int] | frozenset = frozenset(),
+                    timeout_s: float = IDLE_WAIT_S, poll_s: float = IDLE_POLL_S,
+                    sleep: Callable[[float], None] = time.sleep,
+                    clock: Callable[[], float] = time.monotonic) -> list[tuple[int, int | None]] | None:
+    """Wait up to `timeout_s` for `busy_processes` to be empty (a killed run's process may take a
+    moment to free the device). Returns what still holds it: [] idle, a list busy, None unknown."""
+    deadline = clock() + timeout_s
+    while True:
+        busy = busy_processes(device, exclude)
+        if not busy or clock() >= deadline:
+            return busy
+        sleep(poll_s)
+
+
+def describe_busy(busy: list[tuple[int, int | None]]) -> str:
+    """'pid 123 (2048 MiB), pid 456' for a message."""
+    return ", ".join(f"pid {pid}" + (f" ({used / 2**20:.0f} MiB)" if used else "") for pid, used in busy)
+
+
+def used_probe(device: NvmlDevice | None, pid: int | None = None,
+               baseline_bytes: int | None = None) -> tuple[Probe | None, str]:
+    """(probe, source) for device_used_bytes: this process's memory if NVML reports this process
+    now ("nvml-process"), else the whole device's used memory minus `baseline_bytes` (read before
+    this process initialised CUDA: "nvml-device-delta"); (None, "") without NVML or, in the
+    second case, without a baseline (whole-device memory is another quantity: not recorded).
+    Call after CUDA is initialised (the process appears in NVML's list only once it has a
+    context)."""
     if device is None:
         return None, ""
     pid = os.getpid() if pid is None else pid
     if device.process_used_bytes(pid) is not None:
         return (lambda: device.process_used_bytes(pid)), SOURCE_PROCESS
-    return device.used_bytes, SOURCE_DEVICE
+    if baseline_bytes is None:
+        return None, ""
+    return (lambda: device.used_bytes() - baseline_bytes), SOURCE_DEVICE_DELTA
 
 
-def context_bytes(device: NvmlDevice | None, init: Callable[[], None],
-                  allocator_bytes: Callable[[], int]) -> int | None:
-    """Device memory the CUDA context takes: NVML used after `init()` minus before, minus
-    `allocator_bytes()` (what PyTorch reserved during `init`, e.g. a tiny tensor's 2 MiB segment).
-    `init` runs in any case; None without NVML or when the difference is not positive (another
-    process freed memory meanwhile)."""
+@dataclass(frozen=True)
+class InitReading:
+    """NVML around CUDA initialisation: the device's used memory before it (bytes) and the
+    context's size; None where not measured."""
+
+    baseline_bytes: int | None
+    context_bytes: int | None
+
+
+def init_reading(device: NvmlDevice | None, init: Callable[[], None],
+                 allocator_bytes: Callable[[], int]) -> InitReading:
+    """Device used memory before `init()` (the baseline of "nvml-device-delta") and the CUDA
+    context: used after `init()` minus before, minus `allocator_bytes()` (what PyTorch reserved
+    during `init`, e.g. a tiny tensor's 2 MiB segment). `init` runs in any case; None without
+    NVML, and a context of None when the difference is not positive (another process freed
+    memory meanwhile)."""
     before = _safe(device.used_bytes) if device is not None else None
     init()
     after = _safe(device.used_bytes) if device is not None else None
     if before is None or after is None:
-        return None
+        return InitReading(before, None)
     delta = after - before - int(allocator_bytes())
-    return delta if delta > 0 else None
+    return InitReading(before, delta if delta > 0 else None)
+
+
+def context_bytes(device: NvmlDevice | None, init: Callable[[], None],
+                  allocator_bytes: Callable[[], int]) -> int | None:
+    """The CUDA context's device memory (`init_reading`'s second half)."""
+    return init_reading(device, init, allocator_bytes).context_bytes
 
 
 def _safe(probe: Probe) -> int | None:
@@ -147,5 +248,6 @@ class PeakSampler:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
-        self.sample()
+        self._thread.join(timeout=JOIN_TIMEOUT_S)
+        if not self._thread.is_alive():  # a thread stuck in NVML: its probe would hang here too
+            self.sample()
