@@ -35,7 +35,7 @@ _WORKLOAD = [(f.name, f"Workload field `{f.name}`") for f in fields(Workload) if
 _RUN = [
     ("status", "ok, oom (the device ran out of memory: does not fit), error (message says why), "
                "skipped (a package it needs is missing; message names it)"),
-    ("message", "error or skip message, one line; empty when ok"),
+    ("message", "one line: why an error or skip; on ok rows a note on how it was measured (DeepSpeed torch_adam fallback, allocator retries), else empty"),
     ("backend", "cuda (measured on a GPU), cpu (real step on CPU: time only), trace (fake-tensor trace)"),
     ("rank", "process rank for multi-GPU runs (0 for single-process runs)"),
     ("world_size", "number of processes in the run"),

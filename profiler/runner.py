@@ -52,6 +52,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from estimator.files import utc_now
 from profiler.case import Case
 from profiler.record import BACKENDS, COLUMN_NAMES, case_status, check_row, new_row
@@ -137,8 +139,6 @@ def _child_env() -> dict:
 
 def _descendants(pid: int) -> list:
     """psutil.Process of every descendant of `pid` (empty when it is gone)."""
-    import psutil
-
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -149,8 +149,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the child's process group and its descendants in other sessions (torchrun's
     workers), SIGKILL what is still alive after the grace period; the wait after SIGKILL is
     bounded too (KILL_WAIT_S)."""
-    import psutil
-
     family: dict[int, object] = {}
     for sig, wait_s in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
         family.update({p.pid: p for p in _descendants(proc.pid)})  # before the leader dies
