@@ -55,6 +55,16 @@ class ModelSpec:
     sliding_window: int | None = None
     logit_softcap: bool = False
     max_position_embeddings: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3): kv_lora_rank > 0. q_lora_rank 0 = one q_proj.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    qk_norm_full: bool = False     # q/k norms over the whole q/k width (OLMo-2, OLMoE, Cohere)
+    attention_sinks: bool = False  # one learned sink logit per head and layer (gpt-oss)
+    router_bias: bool = False      # MoE router with a bias (gpt-oss) or a stored score bias (ERNIE-4.5)
+    expert_bias: bool = False      # the fused experts carry biases (gpt-oss)
 
     def __hash__(self) -> int:
         # Specs are dictionary keys of every cache; hashing 30 fields each time costs more than
@@ -77,14 +87,45 @@ class ModelSpec:
         return hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def q_dim(self) -> int:
-        """Width of the query projection output (heads x head_dim)."""
+        """Width of the queries (heads x head_dim; MLA: heads x (nope + rope) dims)."""
+        if self.is_mla:
+            return self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
         return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
-        """Width of one of the key/value projection outputs (kv heads x head_dim)."""
+        """Width of the keys (kv heads x head_dim; MLA: the expanded keys, one per head)."""
+        if self.is_mla:
+            return self.q_dim
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the values and of the attention output (MLA: heads x v_head_dim)."""
+        if self.is_mla:
+            return self.num_heads * self.v_head_dim
+        return self.kv_dim
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the o_proj input (the attention output over all heads)."""
+        return self.num_heads * self.v_head_dim if self.is_mla else self.q_dim
+
+    def kv_cache_width(self, tp: int = 1) -> int:
+        """Elements one layer's cache holds per token, keys and values together, on one of `tp`
+        ranks. MLA (transformers 5.23 DeepseekV2/V3Attention): `past_key_values.update` stores the
+        compressed latent (kv_lora_rank) as "keys" and the shared rotary key (qk_rope_head_dim) as
+        "values", one head, before kv_b_proj expands them: not split by tensor parallel. Else
+        2 x kv heads x head_dim, kv heads split over ranks (one whole head each when fewer)."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        heads = self.num_kv_heads // tp if self.num_kv_heads >= tp else 1
+        return 2 * heads * self.head_dim
 
     @cached_property
     def window_layers(self) -> tuple[int, int]:
@@ -321,6 +362,176 @@ def _from_phi(cfg: dict, name: str) -> ModelSpec:
     )
 
 
+# ---- newer families (transformers 5.23 modeling code read per model_type) ------------------------
+
+def _first_k_dense(cfg: dict, layers: int, default: int) -> tuple[bool, ...]:
+    """DeepSeek/GLM-MoE: layers before `first_k_dense_replace` hold a dense MLP, the rest MoE."""
+    k = _get(cfg, "first_k_dense_replace", default)
+    return tuple(i >= k for i in range(layers))
+
+
+def _from_deepseek(cfg: dict, name: str) -> ModelSpec:
+    """DeepSeek-V2/V3 (and Kimi-K2): multi-head latent attention; MoE with shared experts after
+    `first_k_dense_replace` dense layers; the router's `e_score_correction_bias` is a buffer."""
+    mt = cfg["model_type"]
+    layers = _require(cfg, "num_hidden_layers")
+    v3 = mt == "deepseek_v3"
+    moe_width = _get(cfg, "moe_intermediate_size", 2048 if v3 else 1407)
+    shared = _get(cfg, "n_shared_experts", 1 if v3 else 2) * moe_width
+    bias = bool(_get(cfg, "attention_bias", False))
+    rope = _get(cfg, "qk_rope_head_dim", 64)
+    return _llama_like(
+        cfg, name, head_dim=rope, qkv_bias=bias, o_bias=bias,
+        q_lora_rank=_get(cfg, "q_lora_rank", 0) if "q_lora_rank" in cfg else 1536,  # null: one q_proj
+        kv_lora_rank=_get(cfg, "kv_lora_rank", 512), qk_rope_head_dim=rope,
+        qk_nope_head_dim=_get(cfg, "qk_nope_head_dim", 128), v_head_dim=_get(cfg, "v_head_dim", 128),
+        num_experts=_require(cfg, "n_routed_experts", "num_local_experts"),
+        experts_per_token=_require(cfg, "num_experts_per_tok"), moe_intermediate_size=moe_width,
+        shared_expert_intermediate_size=shared,
+        moe_layer_flags=_first_k_dense(cfg, layers, 3 if v3 else 0),
+        mlp_bias=False, sliding_window=None,
+    )
+
+
+def _from_gpt_oss(cfg: dict, name: str) -> ModelSpec:
+    """gpt-oss: MoE on every layer (router and experts with biases), attention with biases and a
+    learned sink per head, alternating sliding (even layers) and full attention."""
+    layers = _require(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    return _llama_like(
+        {**cfg, "layer_types": types, "sliding_window": _get(cfg, "sliding_window", 128)}, name,
+        head_dim=_get(cfg, "head_dim", 64), qkv_bias=bool(_get(cfg, "attention_bias", True)),
+        o_bias=bool(_get(cfg, "attention_bias", True)), expert_bias=True, attention_sinks=True,
+        router_bias=True, activation="gpt_oss_swiglu",
+        num_experts=_require(cfg, "num_local_experts"), experts_per_token=_require(cfg, "num_experts_per_tok"),
+        moe_intermediate_size=_require(cfg, "intermediate_size"), moe_layer_flags=(True,) * layers,
+    )
+
+
+def _from_olmo(cfg: dict, name: str) -> ModelSpec:
+    """OLMo-2 (post-norms after attention and MLP, q/k RMSNorm over the whole width), OLMoE
+    (pre-norms, the same q/k norms, MoE on every layer without shared experts)."""
+    layers = _require(cfg, "num_hidden_layers")
+    if cfg["model_type"] == "olmo2":
+        return _llama_like(cfg, name, qk_norm=True, qk_norm_full=True)
+    return _llama_like(
+        cfg, name, qk_norm=True, qk_norm_full=True, num_experts=_require(cfg, "num_experts"),
+        experts_per_token=_require(cfg, "num_experts_per_tok"),
+        moe_intermediate_size=_require(cfg, "intermediate_size"), moe_layer_flags=(True,) * layers)
+
+
+def _from_granite(cfg: dict, name: str) -> ModelSpec:
+    """Granite: Llama with scalar multipliers (no parameters); GraniteMoE: fused experts on every
+    layer (`block_sparse_moe`), `intermediate_size` is the expert width."""
+    if cfg["model_type"] == "granite":
+        return _llama_like(cfg, name)
+    layers = _require(cfg, "num_hidden_layers")
+    return _llama_like(
+        cfg, name, num_experts=_require(cfg, "num_local_experts"), experts_per_token=_require(cfg, "num_experts_per_tok"),
+        moe_intermediate_size=_require(cfg, "intermediate_size"), moe_layer_flags=(True,) * layers)
+
+
+def _from_smollm3(cfg: dict, name: str) -> ModelSpec:
+    """SmolLM3: Llama with NoPE every `no_rope_layer_interval`-th layer (no parameters); sliding
+    layers only where `use_sliding_window` and the layer has no rotary (config's layer_types)."""
+    layers = _require(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types")
+    if not types:
+        interval = _get(cfg, "no_rope_layer_interval", 4)
+        no_rope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+        sliding = bool(cfg.get("use_sliding_window")) and cfg.get("sliding_window") is not None
+        types = ["sliding_attention" if sliding and not no_rope[i] else "full_attention" for i in range(layers)]
+    return _llama_like({**cfg, "layer_types": types}, name,
+                       tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)))
+
+
+def _from_starcoder2(cfg: dict, name: str) -> ModelSpec:
+    """StarCoder2: LayerNorm with bias, c_fc/c_proj MLP (gelu_pytorch_tanh), biases where
+    `use_bias`, GQA, a sliding window on every layer when set, tied embeddings by default."""
+    bias = bool(_get(cfg, "use_bias", True))
+    return _llama_like(
+        cfg, name, mlp_gated=False, activation=_get(cfg, "hidden_act", "gelu_pytorch_tanh"), norm="layer",
+        qkv_bias=bias, o_bias=bias, mlp_bias=bias, tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)),
+        num_kv_heads=_get(cfg, "num_key_value_heads", 2))
+
+
+def _from_cohere(cfg: dict, name: str) -> ModelSpec:
+    """Cohere (Command-R): one weight-only LayerNorm feeding attention and MLP in parallel, optional
+    q/k LayerNorms over (heads, head_dim), tied embeddings by default."""
+    return _llama_like(
+        cfg, name, norm="layer_nobias", norms_per_layer=1, parallel_block=True,
+        qk_norm=bool(_get(cfg, "use_qk_norm", False)), qk_norm_full=True,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)))
+
+
+def _from_exaone4(cfg: dict, name: str) -> ModelSpec:
+    """EXAONE-4: post-norms (as OLMo-2), per-head q/k RMSNorm, sliding layers from the config's
+    `layer_types` or every layer but each `sliding_window_pattern`-th."""
+    layers = _require(cfg, "num_hidden_layers")
+    window = cfg.get("sliding_window", 4096)
+    types = cfg.get("layer_types")
+    if not types:
+        pattern = _get(cfg, "sliding_window_pattern", 4) if window is not None else 0
+        types = ["sliding_attention" if pattern and (i + 1) % pattern != 0 else "full_attention"
+                 for i in range(layers)]
+    return _llama_like({**cfg, "layer_types": types, "sliding_window": window}, name, qk_norm=True,
+                       num_kv_heads=_get(cfg, "num_key_value_heads", 32))
+
+
+def _from_glm4_moe(cfg: dict, name: str) -> ModelSpec:
+    """GLM-4.5: q/k/v biases (`attention_bias`), o_proj without, optional per-head q/k norms,
+    MoE with shared experts after `first_k_dense_replace` dense layers (score bias: a buffer)."""
+    layers = _require(cfg, "num_hidden_layers")
+    width = _get(cfg, "moe_intermediate_size", 1408)
+    return _llama_like(
+        cfg, name, o_bias=False, qk_norm=bool(_get(cfg, "use_qk_norm", False)),
+        num_kv_heads=_get(cfg, "num_key_value_heads", 8),
+        num_experts=_get(cfg, "n_routed_experts", 128), experts_per_token=_get(cfg, "num_experts_per_tok", 8),
+        moe_intermediate_size=width, shared_expert_intermediate_size=_get(cfg, "n_shared_experts", 1) * width,
+        moe_layer_flags=_first_k_dense(cfg, layers, 1), sliding_window=None)
+
+
+def _from_phimoe(cfg: dict, name: str) -> ModelSpec:
+    """Phi-3.5-MoE: LayerNorm with bias, attention biases (`attention_bias`), MoE on every layer,
+    optional lm_head bias."""
+    layers = _require(cfg, "num_hidden_layers")
+    return _llama_like(
+        cfg, name, norm="layer", num_kv_heads=_get(cfg, "num_key_value_heads", 8),
+        lm_head_bias=bool(_get(cfg, "lm_head_bias", False)),
+        num_experts=_get(cfg, "num_local_experts", 16), experts_per_token=_get(cfg, "num_experts_per_tok", 2),
+        moe_intermediate_size=_require(cfg, "intermediate_size"), moe_layer_flags=(True,) * layers)
+
+
+def _from_ernie_moe(cfg: dict, name: str) -> ModelSpec:
+    """ERNIE-4.5-MoE: biases everywhere when `use_bias` (lm_head too), MoE on layers
+    start <= i <= end with (i + 1) % interval == 0, shared experts, an fp32 router with a stored
+    score bias (a frozen parameter), tied embeddings by default."""
+    layers = _require(cfg, "num_hidden_layers")
+    bias = bool(_get(cfg, "use_bias", False))
+    start, end = _get(cfg, "moe_layer_start_index", 1), _get(cfg, "moe_layer_end_index", -1)
+    end = layers - 1 if end == -1 else end
+    interval = _get(cfg, "moe_layer_interval", 1)
+    width = _get(cfg, "moe_intermediate_size", 1536)
+    return _llama_like(
+        cfg, name, qkv_bias=bias, o_bias=bias, mlp_bias=bias, lm_head_bias=bias,
+        num_kv_heads=_get(cfg, "num_key_value_heads", 4),
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)),
+        num_experts=_require(cfg, "moe_num_experts", "num_experts"),
+        experts_per_token=_require(cfg, "moe_k", "num_experts_per_tok"), moe_intermediate_size=width,
+        shared_expert_intermediate_size=_get(cfg, "moe_num_shared_experts", 2) * width, router_bias=True,
+        moe_layer_flags=tuple((i + 1) % interval == 0 and start <= i <= end for i in range(layers)))
+
+
+_NEWER = {
+    "deepseek_v2": _from_deepseek, "deepseek_v3": _from_deepseek,
+    "gpt_oss": _from_gpt_oss, "olmo2": _from_olmo, "olmoe": _from_olmo,
+    "granite": _from_granite, "granitemoe": _from_granite, "smollm3": _from_smollm3,
+    "starcoder2": _from_starcoder2, "cohere": _from_cohere, "exaone4": _from_exaone4,
+    "glm4_moe": _from_glm4_moe, "phimoe": _from_phimoe, "ernie4_5_moe": _from_ernie_moe,
+}
+
+
 _BUILDERS = {
     **dict.fromkeys(
         ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
@@ -332,6 +543,7 @@ _BUILDERS = {
     "falcon": _from_falcon,
     "gpt_neox": _from_neox,
     "phi": _from_phi,
+    **_NEWER,
 }
 
 SUPPORTED_MODEL_TYPES = tuple(sorted(_BUILDERS))

@@ -17,6 +17,9 @@ from estimator.model import ModelSpec
 ATTENTION_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_ROLES = ("gate_proj", "up_proj", "down_proj")
 ALL_LINEAR = ATTENTION_ROLES + MLP_ROLES
+# Multi-head latent attention (DeepSeek-V2/V3) by its own module names (q_proj when q_lora_rank is
+# null, o_proj as above).
+MLA_ROLES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class ParamCounts:
     def attention_weights(self) -> int:
         """Attention projection weights of the whole model (elements)."""
         return sum(lin.d_in * lin.d_out for lin in self.linears
-                   if lin.role in ATTENTION_ROLES)
+                   if lin.role in ATTENTION_ROLES or lin.role in MLA_ROLES)
 
     @cached_property
     def active(self) -> int:
@@ -94,6 +97,8 @@ def _norm_params(spec: ModelSpec, width: int) -> int:
 
 def _attention_linears(spec: ModelSpec) -> list[Linear]:
     h, n = spec.hidden_size, spec.num_layers
+    if spec.is_mla:
+        return _mla_linears(spec)
     return [
         Linear("q_proj", h, spec.q_dim, n, spec.qkv_bias),
         Linear("k_proj", h, spec.kv_dim, n, spec.qkv_bias),
@@ -102,8 +107,24 @@ def _attention_linears(spec: ModelSpec) -> list[Linear]:
     ]
 
 
+def _mla_linears(spec: ModelSpec) -> list[Linear]:
+    """DeepseekV2/V3Attention: q through a low-rank q_a/q_b pair (or one q_proj), keys and values
+    from a latent (`kv_a_proj_with_mqa`: latent + the shared rotary key) expanded by kv_b_proj.
+    `attention_bias` puts biases on q_a, kv_a and o_proj only."""
+    h, n, bias = spec.hidden_size, spec.num_layers, spec.qkv_bias
+    if spec.q_lora_rank:
+        q = [Linear("q_a_proj", h, spec.q_lora_rank, n, bias),
+             Linear("q_b_proj", spec.q_lora_rank, spec.q_dim, n, False)]
+    else:
+        q = [Linear("q_proj", h, spec.q_dim, n, False)]
+    per_head = spec.qk_nope_head_dim + spec.v_head_dim
+    return q + [Linear("kv_a_proj_with_mqa", h, spec.kv_lora_rank + spec.qk_rope_head_dim, n, bias),
+                Linear("kv_b_proj", spec.kv_lora_rank, spec.num_heads * per_head, n, False),
+                Linear("o_proj", spec.o_dim, h, n, spec.o_bias)]
+
+
 def _mlp_linears(spec: ModelSpec, width: int, count: int, expert: bool = False) -> list[Linear]:
-    h, bias = spec.hidden_size, spec.mlp_bias
+    h, bias = spec.hidden_size, (spec.expert_bias if expert else spec.mlp_bias)
     if spec.mlp_gated:
         return [Linear("gate_proj", h, width, count, bias, expert),
                 Linear("up_proj", h, width, count, bias, expert),
@@ -121,7 +142,7 @@ def _feed_forward(spec: ModelSpec) -> tuple[list[Linear], int]:
     linears = _mlp_linears(spec, spec.moe_intermediate_size, n_moe * spec.num_experts, expert=True)
     if n_dense:
         linears += _mlp_linears(spec, spec.intermediate_size, n_dense)
-    router = n_moe * spec.hidden_size * spec.num_experts
+    router = n_moe * (spec.hidden_size + int(spec.router_bias)) * spec.num_experts
     if spec.shared_expert_intermediate_size:
         linears += _mlp_linears(spec, spec.shared_expert_intermediate_size, n_moe)
         router += n_moe * spec.hidden_size * (1 if spec.shared_expert_gate else 0)
@@ -132,7 +153,12 @@ def _norms(spec: ModelSpec) -> int:
     h = spec.hidden_size
     per_layer = spec.norms_per_layer * _norm_params(spec, h)
     if spec.qk_norm:
-        per_layer += 2 * _norm_params(spec, spec.head_dim)
+        q_k = spec.q_dim + spec.kv_dim if spec.qk_norm_full else 2 * spec.head_dim
+        per_layer += _norm_params(spec, q_k)
+    if spec.is_mla:  # q_a_layernorm (with q_lora_rank) and kv_a_layernorm
+        per_layer += spec.q_lora_rank + spec.kv_lora_rank
+    if spec.attention_sinks:  # not a norm: one sink logit per head (gpt-oss), kept with them
+        per_layer += spec.num_heads
     total = spec.num_layers * per_layer
     total += _norm_params(spec, h) if spec.final_norm else 0
     total += _norm_params(spec, spec.embed_dim) if spec.embed_norm else 0
