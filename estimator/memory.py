@@ -324,21 +324,20 @@ def _end_of_backward(w: Workload, sizes: Sizes, trained: Training) -> float:
 
 
 def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, tp: int = 1) -> int:
-    """2 (K and V) x layers x batch x cached tokens x kv heads x head_dim x bytes, per GPU.
+    """Layers x batch x cached tokens x the cache width per token (`ModelSpec.kv_cache_width`:
+    2 x kv heads x head_dim; MLA: the compressed latent and rotary key) x bytes, per GPU.
 
     Sliding-window layers cache at most `sliding_window` tokens (transformers 5 DynamicCache).
     Tensor parallel splits kv heads; with more ranks than kv heads each rank keeps one whole head.
     """
-    heads = spec.num_kv_heads // tp if spec.num_kv_heads >= tp else 1
-    return 2 * batch * spec.attended_tokens(tokens) * spec.head_dim * heads * dtype_bytes
+    return batch * spec.attended_tokens(tokens) * spec.kv_cache_width(tp) * dtype_bytes
 
 
 def inference_kv_bytes(spec: ModelSpec, batch: int, prompt: int, new_tokens: int, dtype_bytes: int,
                        tp: int = 1) -> int:
     """The largest KV cache held during generate: after the prefill, a sliding layer still holds
     the whole prompt (its window is a view of the prefill tensor until the first decode step)."""
-    heads = spec.num_kv_heads // tp if spec.num_kv_heads >= tp else 1
-    after_prefill = 2 * batch * spec.num_layers * prompt * spec.head_dim * heads * dtype_bytes
+    after_prefill = batch * spec.num_layers * prompt * spec.kv_cache_width(tp) * dtype_bytes
     return max(after_prefill, kv_cache_bytes(spec, batch, prompt + new_tokens, dtype_bytes, tp))
 
 

@@ -267,3 +267,50 @@ def test_real_sliding_cache_after_prefill_holds_whole_prompt(make_cfg):
     w = Workload(model=spec, method="inference", precision="fp32", batch=BATCH, seq=PROMPT, new_tokens=1).validate()
     predicted = estimate_memory(w, 0.0, 0).kv_cache_bytes
     assert predicted == max(pre_storage, dec_storage)
+
+
+# --- newer families: the cache transformers really keeps -------------------------------------------
+
+from tests.arch_configs import TINY  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_layer_kinds_of_newer_families_match_transformers_cache(name):
+    cfg = AutoConfig.for_model(**TINY[name])
+    types, kwargs = get_layer_types_and_kwargs(cfg)
+    spec = spec_from_config(TINY[name])
+    assert spec.layer_types == tuple("sliding" if t == "sliding_attention" else "full" for t in types)
+    windows = {k["sliding_window"] for k in kwargs if "sliding_window" in k}
+    assert windows == ({spec.sliding_window} if spec.sliding_window else set())
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2-lite"])
+def test_real_cache_mla_holds_the_compressed_latent(name):
+    # transformers 5.23 DeepseekV2/V3Attention calls past_key_values.update(kv_nope, k_rot): the
+    # cache holds the normed latent (kv_lora_rank) and the rotary key (qk_rope_head_dim), one
+    # "head", not the keys and values kv_b_proj expands per head.
+    raw = TINY[name]
+    cfg = AutoConfig.for_model(**raw)
+    (pre_storage, pre_view, _, _), (dec_storage, _) = _run(cfg, torch.float32)
+    spec = spec_from_config(raw)
+    per_token_layer = raw["kv_lora_rank"] + raw["qk_rope_head_dim"]
+    assert pre_storage == pre_view == raw["num_hidden_layers"] * BATCH * PROMPT * per_token_layer * 4
+    assert pre_storage == kv_cache_bytes(spec, BATCH, PROMPT, 4)
+    assert dec_storage == kv_cache_bytes(spec, BATCH, PROMPT + 1, 4)
+    # ... far less than the expanded keys and values would take
+    expanded = 2 * raw["num_attention_heads"] * (raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"])
+    assert spec.kv_cache_width() < expanded
+    # tensor parallel does not split the one latent head
+    assert kv_cache_bytes(spec, BATCH, PROMPT, 4, tp=4) == kv_cache_bytes(spec, BATCH, PROMPT, 4)
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "exaone4", "starcoder2", "olmo2", "glm4_moe"])
+def test_real_cache_newer_families(name):
+    raw = TINY[name]
+    cfg = AutoConfig.for_model(**raw)
+    (pre_storage, _, _, layer_kinds), (dec_storage, _) = _run(cfg, torch.float32)
+    spec = spec_from_config(raw)
+    assert layer_kinds.count("DynamicSlidingWindowLayer") == spec.layer_types.count("sliding")
+    assert dec_storage == kv_cache_bytes(spec, BATCH, PROMPT + 1, 4)
+    w = Workload(model=spec, method="inference", precision="fp32", batch=BATCH, seq=PROMPT, new_tokens=1).validate()
+    assert estimate_memory(w, 0.0, 0).kv_cache_bytes == max(pre_storage, dec_storage)
