@@ -41,15 +41,17 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from estimator.model import ModelSpec
+from estimator.params import count_params
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
 _PARTIAL_ROTARY = ("phi", "gpt_neox")      # q made contiguous per head by torch.cat
-_PLAIN_SOFTMAX = ("gpt2",)                 # eager softmax without dtype=float32
+_PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
 _DROPOUT = {"gpt2": ("attn", "resid", "embed"), "gpt_bigcode": ("attn", "resid", "embed"),
             "opt": ("resid", "embed"), "phi": ("resid",)}
+_FP32_NORM_WEIGHT = ("olmo2", "gpt_oss")   # RMSNorm: (weight * x) in fp32, then cast (as Gemma)
 _INDEX_BYTES = 8                           # int64 routing indices
 
 
@@ -137,14 +139,52 @@ def norm_bytes(key: ActivationKey, trains: bool) -> int:
     hidden = spec.hidden_size
     if spec.norm == "layer":
         return dt.residual * hidden + 8
-    if spec.model_type.startswith("gemma"):
+    if spec.model_type.startswith("gemma") or spec.model_type in _FP32_NORM_WEIGHT:
         return 4 * hidden + 4 + (4 * hidden if trains else 0)
     return 4 * hidden + 4 + (dt.residual * hidden if trains else 0)
+
+
+def _inner_norm(key: ActivationKey, dt: Dtypes, width: int) -> int:
+    """An RMSNorm inside attention (MLA's q_a/kv_a norms) over a linear's output: its fp32 input,
+    an fp32 rsqrt, and the normalized tensor when the weight trains (full fine-tune)."""
+    return 4 * width + 4 + (dt.linear_out * width if key.method == "full" else 0)
+
+
+def _mla_attention(key: ActivationKey, dt: Dtypes) -> int:
+    """DeepSeek's latent attention per token: the q_a and kv_a norms and the inputs of q_b_proj and
+    kv_b_proj, the query built by `cat` and the keys by `new_empty` + copies (both heads x
+    (nope + rope)), kv_b_proj's output (the values are a view of it), the output, SDPA's fp32
+    log-sum-exp; o_proj reads a contiguous copy of the output (the query is contiguous per head)."""
+    spec, c = key.model, dt.compute
+    norm_out = 4 if dt.autocast and dt.residual == 4 else dt.linear_out
+    total = 0
+    if spec.q_lora_rank:
+        total += _inner_norm(key, dt, spec.q_lora_rank)
+        total += _input_bytes(key, dt, ("q_b_proj",), norm_out) * spec.q_lora_rank
+    total += _inner_norm(key, dt, spec.kv_lora_rank)
+    total += _input_bytes(key, dt, ("kv_b_proj",), norm_out) * spec.kv_lora_rank
+    expanded = spec.num_heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+    total += c * (2 * spec.q_dim + expanded + spec.o_dim)
+    if key.attn != "eager":
+        total += 4 * spec.num_heads
+    total += _input_bytes(key, dt, ("o_proj",), c) * spec.o_dim
+    if spec.qk_norm:
+        raise AssertionError("MLA has no q/k norms")
+    return total
+
+
+def _attention_input_roles(spec: ModelSpec) -> tuple[str, ...]:
+    """The linears reading the attention's normed input."""
+    if spec.is_mla:
+        return ("q_a_proj" if spec.q_lora_rank else "q_proj", "kv_a_proj_with_mqa")
+    return ("q_proj", "k_proj", "v_proj")
 
 
 def _attention(key: ActivationKey, dt: Dtypes) -> int:
     """Saved by attention per token besides its input norm (scores excluded: `score_bytes_...`)."""
     spec = key.model
+    if spec.is_mla:
+        return _mla_attention(key, dt)
     compute, q_dim, kv_dim = dt.compute, spec.q_dim, spec.kv_dim
     if key.attn == "eager":
         k_saved = q_dim if spec.num_kv_heads != spec.num_heads else kv_dim   # repeat_kv copies
@@ -155,8 +195,9 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
         copy = key.attn == "sdpa" and spec.model_type in _PARTIAL_ROTARY
     total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
     if spec.qk_norm:
-        heads = spec.num_heads + spec.num_kv_heads
-        total += 4 * (q_dim + kv_dim) + 4 * heads + (dt.residual * (q_dim + kv_dim) if key.method == "full" else 0)
+        heads = 1 + 1 if spec.qk_norm_full else spec.num_heads + spec.num_kv_heads  # rsqrt rows
+        normed = 4 if spec.model_type in _FP32_NORM_WEIGHT else dt.residual
+        total += 4 * (q_dim + kv_dim) + 4 * heads + (normed * (q_dim + kv_dim) if key.method == "full" else 0)
     if _dropout(spec, "resid"):
         total += spec.hidden_size
     return total
@@ -196,6 +237,10 @@ def _activation_saves(spec: ModelSpec, dt: Dtypes) -> tuple[int, int, bool]:
         return 4 * out, out, False                   # input, 0.5 x, tanh, 1 + tanh
     if spec.activation == "relu":
         return out, out, True                        # relu saves its output only
+    if spec.activation == "gpt_oss_swiglu":
+        # gate and up are strided views of one gate_up output (2 x width, saved by both clamps);
+        # the clamped gate, its sigmoid, the gated product and up + 1: 4 more per width
+        return 4 * out, out, False
     return out, out, False                           # input only (silu, gelu, gelu_pytorch_tanh)
 
 
@@ -232,7 +277,7 @@ def layer_bytes_per_token(key: ActivationKey) -> int:
     dt, hidden = dtypes(key), spec.hidden_size
     trains = key.method == "full"
     total = spec.norms_per_layer * norm_bytes(key, trains)
-    attn_roles, mlp_roles = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
+    attn_roles, mlp_roles = _attention_input_roles(spec), ("gate_proj", "up_proj")
     if spec.parallel_block and spec.norms_per_layer == 1:     # one norm feeds attention and MLP
         total += _input_bytes(key, dt, attn_roles + mlp_roles, dt.residual) * hidden
     else:
@@ -264,7 +309,7 @@ def attention_backward_bytes_per_token(key: ActivationKey, kv_tokens: int) -> in
     the SDPA kernels write q, k and v gradients."""
     spec, dt = key.model, dtypes(key)
     if key.attn != "eager":
-        return dt.compute * (spec.q_dim + 2 * spec.kv_dim)
+        return dt.compute * (spec.q_dim + spec.kv_dim + spec.v_dim)
     softmax = _softmax_bytes(spec, dt)
     probs = dt.compute if not _dropout(spec, "attn") else 1 + dt.compute
     return (2 * softmax - probs) * spec.num_heads * kv_tokens
@@ -274,7 +319,15 @@ def _adapter_bytes(key: ActivationKey, dt: Dtypes) -> int:
     """LoRA: each adapter's lora_B saves lora_A's rank-wide output (half under autocast)."""
     if key.method not in ("lora", "qlora"):
         return 0
-    return len(key.lora_targets) * key.lora_rank * (dt.compute if dt.autocast else 4)
+    return _adapted_per_layer(key.model, key.lora_targets) * key.lora_rank * (dt.compute if dt.autocast else 4)
+
+
+@lru_cache(maxsize=256)
+def _adapted_per_layer(spec: ModelSpec, targets: tuple[str, ...]) -> int:
+    """Adapted linears per decoder layer (on average): targets the model lacks adapt nothing
+    (`q_proj` on DeepSeek-V3, `q_a_proj` on Llama), fused experts are not nn.Linear."""
+    adapted = sum(lin.count for lin in count_params(spec).linears if lin.role in targets and not lin.expert)
+    return adapted // spec.num_layers
 
 
 def mlp_width(spec: ModelSpec) -> tuple[int, float]:

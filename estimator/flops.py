@@ -3,8 +3,8 @@
 Conventions (docs/design.md section 4): a matmul of a token with an m x n weight costs 2mn;
 forward 2N per token for N matmul parameters (MoE: active experts only; embeddings are lookups,
 the lm_head is a matmul); backward 4N with weight gradients, 2N without (frozen base); activation
-recomputation adds one forward of the decoder layers; attention adds 4 x q_dim x keys per token
-and layer forward (QK^T and PV, counted non-causal as PaLM and torch's FlopCounterMode do).
+recomputation adds one forward of the decoder layers; attention adds 2 x (q_dim + o_dim) x keys
+per token and layer forward (4 x q_dim unless MLA's value heads are narrower than its query heads) (QK^T and PV, counted non-causal as PaLM and torch's FlopCounterMode do).
 `model_flops` excludes recomputation (what MFU is quoted against); `hardware_flops` includes it.
 """
 
@@ -43,7 +43,7 @@ def matmul_params(spec: ModelSpec, p: ParamCounts) -> tuple[float, float]:
 
 def attention_flops_per_token(spec: ModelSpec, keys: int) -> float:
     """Forward attention FLOPs of one query token over `keys` keys, summed over layers."""
-    return 4.0 * spec.q_dim * spec.attended_tokens(keys)
+    return 2.0 * (spec.q_dim + spec.o_dim) * spec.attended_tokens(keys)
 
 
 def training_flops(w: Workload) -> FlopBreakdown:

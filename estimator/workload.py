@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from estimator.errors import InputError
 from estimator.tables import dtype_bytes
 from estimator.model import ModelSpec
-from estimator.params import ALL_LINEAR
+from estimator.params import ALL_LINEAR, MLA_ROLES
 
 METHODS = ("full", "lora", "qlora", "inference")
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
@@ -140,11 +140,11 @@ def _check_choices(w: Workload) -> None:
                           ("offload", OFFLOADS), ("zero", ZERO_STAGES)):
         if getattr(w, name) not in allowed:
             raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
-    unknown = [t for t in w.lora_targets if t not in ALL_LINEAR]
+    unknown = [t for t in w.lora_targets if t not in ALL_LINEAR + MLA_ROLES]
     if unknown or not w.lora_targets:
         raise InputError(
             f"unknown LoRA target {','.join(unknown) or '(none)'}; use module roles "
-            f"{','.join(ALL_LINEAR)} or all-linear")
+            f"{','.join(ALL_LINEAR + MLA_ROLES)} or all-linear")
 
 
 def _check_sizes(w: Workload) -> None:
