@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from estimator import tables
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
-from estimator.defaults import overhead
 from estimator.memory import Components, MemoryBreakdown, components
 from estimator.states import lora_params
 from estimator.params import count_params
@@ -124,11 +123,11 @@ def _workload_dict(w: Workload) -> dict:
 
 def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBreakdown,
           inter_node: str) -> TimeBreakdown:
-    """Step time with the MFU (and decode bandwidth fraction) of `corrections`."""
-    mfu = corrections["mfu"]["value"]
+    """Step time with the achieved fraction (and decode bandwidth fraction) of `corrections`."""
+    hfu = corrections["mfu"]["value"]   # achieved fraction on hardware FLOPs (estimator.timing)
     if w.training:
-        return train_time(w, gpu, mfu, float(overhead("comm_overlap_fraction")), inter_node)
-    return inference_time(w, gpu, mfu, corrections["decode_bandwidth_fraction"]["value"], memory)
+        return train_time(w, gpu, hfu, memory, inter_node)
+    return inference_time(w, gpu, hfu, corrections["decode_bandwidth_fraction"]["value"], memory)
 
 
 def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec | None = None,

@@ -68,11 +68,11 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
     top = ", ".join(name[:-6] for name, _ in result.dominant())
     lines += [f"  dominated by: {top} (peak in {m.peak_phase})", ""]
     if w.training:
-        lines.append(f"time  step {t.step_s:.3f} s   {t.tokens_per_s:,.0f} tokens/s   MFU {t.mfu:.2f}"
-                     f"   comm {t.comm_s:.3f} s")
+        lines += _train_time_lines(t)
     else:
         lines.append(f"time  prefill {t.prefill_s:.3f} s   decode {t.decode_s_per_token * 1e3:.2f} ms/token"
-                     f"   {t.tokens_per_s:,.0f} tokens/s")
+                     f" (launch floor {t.decode_floor_s_per_token * 1e3:.2f}, {'compiled' if w.compiled else 'eager'})"
+                     f"   decode {t.decode_tokens_per_s:,.0f} tokens/s   end to end {t.tokens_per_s:,.0f} tokens/s")
     if result.job:
         j = result.job
         lines.append(f"job   {j.steps} steps   {j.job_s / 3600:.2f} h   {j.gpu_hours:.1f} GPU-h"
@@ -85,6 +85,19 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
     elif not result.fits:
         lines.append("no single change tried makes it fit; try a larger GPU or --fit-gpus")
     return "\n".join(lines)
+
+
+def _train_time_lines(t) -> list[str]:
+    """Step = compute + exposed communication + optimizer step + overhead, and why comm is hidden or not."""
+    lines = [f"time  step {t.step_s:.3f} s = compute {t.compute_s:.3f} + exposed comm {t.exposed_comm_s:.3f}"
+             f" + optimizer {t.optimizer_s:.3f} + overhead {t.overhead_s:.3f}   {t.tokens_per_s:,.0f} tokens/s"
+             f"   MFU {t.mfu:.2f} (HFU {t.hfu:.2f})"]
+    if t.comm_s:
+        hidden = t.comm_s - t.exposed_comm_s
+        why = ("communication-bound: the link needs longer than the compute it hides behind"
+               if t.comm_bound else "prefetch hides it behind compute except the first and last layers")
+        lines.append(f"      comm {t.comm_s:.3f} s per step in all, {hidden:.3f} s hidden: {why}")
+    return lines
 
 
 def fit_gpus(w: Workload, rows: list[FitRow]) -> Result:

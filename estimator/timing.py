@@ -1,11 +1,28 @@
-"""Step time, throughput, communication, job time and cost.
+"""Step time, throughput, communication, job time and cost (docs/design.md section 4).
 
-Step time = hardware FLOPs / (dense peak FLOP/s x achieved fraction) + the part of the
-data-parallel communication not hidden behind compute. Communication volumes per step (ring
-collectives, bytes each GPU sends): all-reduce of gradients 2(n-1)/n x G (DDP and ZeRO 1/2, whose
-reduce-scatter + all-gather move the same), ZeRO-3 3(n-1)/n x parameter bytes (all-gather in
-forward and backward, reduce-scatter of gradients). Decode is bound by bytes read from HBM per
-generated token (weights + KV cache) over achieved memory bandwidth.
+Convention: the achieved fraction the tables hold (`mfu.csv`, calibration `mfu`) is HFU, the
+fraction of the dense peak reached on the FLOPs the GPU executes (`hardware_flops`: activation
+recomputation included). Compute time = hardware FLOPs / (peak x HFU), so a checkpointed run pays
+its recompute once. The `mfu` reported is model FLOPs (no recompute) / (step x peak).
+
+Training step = compute + exposed communication + optimizer step + fixed per-step overhead:
+- communication per step (ring collectives, bytes each GPU sends over the slowest link it
+  crosses, the inter-node link when nodes > 1): DDP all-reduces the gradients once per step
+  (2(n-1)/n x G; no_sync under accumulation); ZeRO 1/2 reduce-scatter the gradients every
+  micro-batch ((n-1)/n x G) and all-gather the updated weights after the step; ZeRO-3 all-gathers
+  every weight in the forward and again in the backward of every micro-batch (2(n-1)/n x P, the
+  frozen base of LoRA/QLoRA included, in its stored dtype) and reduce-scatters the gradients;
+- prefetch hides the overlappable traffic behind compute: exposed = max(0, overlappable -
+  compute) + the tail (`comm_tail_layers` layers' traffic) + what runs after the backward (ZeRO
+  1/2's weight all-gather);
+- optimizer step: bytes of weights, gradients, optimizer states and master weights it reads and
+  writes, over achieved memory bandwidth (elementwise, memory-bound).
+Inference = prefill (compute-bound, never under the launch floor) + new_tokens decode steps; a
+decode step is max(bytes of weights and KV cache / achieved bandwidth, launch floor) with
+floor = layers x host seconds per layer (eager generate; 0 compiled), plus for eager attention the
+K/V bytes expanded to the query heads at its own achieved fraction, plus 2 all-reduces per layer
+under tensor parallel; bitsandbytes weights multiply the half-precision step by their measured
+slowdown. Each constant is a row of `data/time_constants.csv` with its source.
 """
 
 from __future__ import annotations
@@ -14,10 +31,11 @@ import math
 from dataclasses import asdict, dataclass
 
 from estimator import tables
-from estimator.flops import decode_flops_per_token, prefill_flops, training_flops
+from estimator.defaults import time_constant
+from estimator.flops import attention_flops_per_token, decode_flops_per_token, prefill_flops, training_flops
 from estimator.memory import MemoryBreakdown, kv_cache_bytes
-from estimator.states import lora_params
 from estimator.params import count_params
+from estimator.states import local_sizes, lora_params, states_key, weights_bytes
 from estimator.units import TFLOPS
 from estimator.workload import Workload
 
@@ -28,15 +46,21 @@ class TimeBreakdown:
 
     step_s: float
     compute_s: float
-    comm_s: float
-    exposed_comm_s: float
-    tokens_per_s: float          # all GPUs together
+    comm_s: float                # all data-parallel traffic of the step, hidden or not
+    exposed_comm_s: float        # the part that adds to the step (not hidden behind compute)
+    tokens_per_s: float          # all GPUs together; inference: generated tokens / (prefill + decode)
     tokens_per_s_per_gpu: float
-    mfu: float                   # achieved model FLOPs / peak, as assumed or calibrated
+    mfu: float                   # achieved model FLOPs / peak (recompute excluded)
     peak_tflops: float
     model_flops_per_step: float
     prefill_s: float = 0.0
     decode_s_per_token: float = 0.0
+    optimizer_s: float = 0.0     # the optimizer step (memory-bound)
+    overhead_s: float = 0.0      # fixed host work per step
+    hfu: float = 0.0             # the achieved fraction on hardware FLOPs used for compute_s
+    decode_tokens_per_s: float = 0.0      # batch / decode_s_per_token (prefill excluded)
+    decode_floor_s_per_token: float = 0.0  # launch/host floor of one decode step
+    comm_bound: bool = False     # overlappable traffic longer than compute: the step waits on the link
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,57 +82,144 @@ def _link(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> tables.Interconn
     return inter if inter.bandwidth_bytes_per_s < intra.bandwidth_bytes_per_s else intra
 
 
-def comm_seconds(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> float:
-    """Data-parallel communication per optimizer step (training) over the slowest link."""
+@dataclass(frozen=True)
+class Comm:
+    """Data-parallel traffic of one optimizer step, in seconds on the link."""
+
+    overlappable_s: float   # can hide behind compute (prefetched gathers, bucketed reductions)
+    tail_s: float           # cannot: the first gather and the last reduction
+    after_s: float          # runs after the backward (ZeRO 1/2 weight all-gather)
+
+    @property
+    def total_s(self) -> float:
+        return self.overlappable_s + self.tail_s + self.after_s
+
+    def exposed_s(self, compute_s: float) -> float:
+        return max(0.0, self.overlappable_s - compute_s) + self.tail_s + self.after_s
+
+
+def _gathered_bytes(w: Workload) -> float:
+    """Bytes of every weight one GPU holds before ZeRO-3 partitioning (frozen base in its stored
+    dtype, adapters fp32): what ZeRO-3 all-gathers."""
+    key = states_key(w)
+    p = count_params(w.model)
+    adapters = 4.0 * lora_params(w, p) / (w.tp * w.pp) if w.method != "full" else 0.0
+    return weights_bytes(key, p, local_sizes(key, p)) + adapters
+
+
+def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> Comm:
+    """The step's traffic per GPU (module docstring) over the slowest link."""
     n = w.dp
     if not w.training or n == 1:
+        return Comm(0.0, 0.0, 0.0)
+    p = count_params(w.model)
+    trainable = p.total if w.method == "full" else lora_params(w, p)
+    grad = trainable / (w.tp * w.pp) * (2 if w.compute_dtype != "fp32" else 4)
+    ring, k = (n - 1) / n, w.grad_accum
+    link = _link(w, gpu, inter_node)
+    bw, hop = link.bandwidth_bytes_per_s, 2 * (n - 1) * link.latency_s
+    if w.zero == 3:
+        per_micro = (2.0 * ring * _gathered_bytes(w) + ring * grad) / bw
+        total, after = k * per_micro + k * 3 * hop, 0.0
+    elif w.zero in (1, 2):
+        total = k * (ring * grad / bw + hop)
+        after = ring * grad / bw + hop      # the updated weights' all-gather, after the step
+    else:
+        total, after = 2.0 * ring * grad / bw + hop, 0.0
+    tail = min(total, total / w.model.num_layers * time_constant("comm_tail_layers"))
+    return Comm(total - tail, tail, after)
+
+
+def comm_seconds(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> float:
+    """All data-parallel communication of one optimizer step (hidden or not)."""
+    return communication(w, gpu, inter_node).total_s
+
+
+def optimizer_seconds(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown) -> float:
+    """The optimizer step streams the trainable weights (read and written), their gradients, the
+    optimizer states and master weights (read and written) once. Offloaded states step on the
+    host: not modelled (0)."""
+    if w.offload != "none":
         return 0.0
     p = count_params(w.model)
     trainable = p.total if w.method == "full" else lora_params(w, p)
-    grad_bytes = trainable / (w.tp * w.pp) * (2 if w.compute_dtype != "fp32" else 4)
-    ring = (n - 1) / n
-    volume = (3.0 if w.zero == 3 else 2.0) * ring * grad_bytes
-    link = _link(w, gpu, inter_node)
-    latency = 2 * (n - 1) * link.latency_s
-    return volume / link.bandwidth_bytes_per_s + latency
+    local = trainable / (w.tp * w.pp) / (w.dp if w.zero >= 1 else 1)
+    weight_bytes = 4 if (w.precision == "fp32" or w.amp or w.method != "full") else 2
+    moved = (2 * local * weight_bytes + memory.gradients_bytes
+             + 2 * (memory.optimizer_states_bytes + memory.master_weights_bytes))
+    return moved / (gpu.memory_bandwidth_bytes_per_s * time_constant("optimizer_bandwidth_fraction"))
 
 
-def train_time(w: Workload, gpu: tables.GpuSpec, mfu: float, overlap: float,
+def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreakdown,
                inter_node: str) -> TimeBreakdown:
     flops = training_flops(w)
     peak = peak_flops(gpu, w)
-    compute = w.grad_accum * flops.hardware_flops / (peak * mfu)
-    comm = comm_seconds(w, gpu, inter_node)
-    exposed = comm * (1.0 - overlap)
-    step = compute + exposed
+    compute = w.grad_accum * flops.hardware_flops / (peak * hfu)
+    comm = communication(w, gpu, inter_node)
+    exposed = comm.exposed_s(compute)
+    opt = optimizer_seconds(w, gpu, memory)
+    overhead = time_constant("step_overhead_s")
+    step = compute + exposed + opt + overhead
     tokens = w.batch * w.seq * w.grad_accum
     model_flops = w.grad_accum * flops.model_flops
-    return TimeBreakdown(step, compute, comm, exposed, tokens * w.dp / step, tokens / (step * w.tp * w.pp),
-                         model_flops / (step * peak), peak / TFLOPS, model_flops)
+    return TimeBreakdown(step, compute, comm.total_s, exposed, tokens * w.dp / step, tokens / (step * w.tp * w.pp),
+                         model_flops / (step * peak), peak / TFLOPS, model_flops, optimizer_s=opt,
+                         overhead_s=overhead, hfu=hfu, comm_bound=comm.overlappable_s > compute)
 
 
-def inference_time(w: Workload, gpu: tables.GpuSpec, mfu: float, bandwidth_fraction: float,
+def _slowdown(w: Workload) -> float:
+    """Measured decode slowdown of bitsandbytes weights against half precision (time ratio)."""
+    if w.quant == "int8":
+        return time_constant("bnb_int8_decode_slowdown")
+    if w.quant in ("nf4", "fp4"):
+        return time_constant("bnb_4bit_decode_slowdown")
+    return 1.0
+
+
+def decode_floor_seconds(w: Workload) -> float:
+    """Launch/host floor of one decode step: decoder layers x host seconds per layer."""
+    name = "decode_host_s_per_layer_compiled" if w.compiled else "decode_host_s_per_layer_eager"
+    return math.ceil(w.model.num_layers / w.pp) * time_constant(name)
+
+
+def decode_step_seconds(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,
+                        memory: MemoryBreakdown, cached: int) -> float:
+    """One decode step for the whole batch with `cached` tokens in the cache (module docstring)."""
+    a = w.activation_dtype_bytes
+    bw = gpu.memory_bandwidth_bytes_per_s
+    weights = memory.weights_bytes
+    if w.quant != "none":   # the half-precision step, times the measured slowdown below
+        weights = count_params(w.model).total / (w.tp * w.pp) * a
+    moved = weights + kv_cache_bytes(w.model, w.batch, cached, a, w.tp)
+    step = max(moved / (bw * bandwidth_fraction), decode_floor_seconds(w),
+               decode_flops_per_token(w, cached) / (peak_flops(gpu, w) * hfu))
+    if not w.compiled:      # K and V broadcast to the query heads, once per layer
+        expanded = attention_flops_per_token(w.model, cached) / 2 * a * w.batch / w.tp
+        step += expanded / (bw * time_constant("decode_attention_bandwidth_fraction_eager"))
+    if w.tp > 1:
+        step += 2 * w.model.num_layers / w.pp * time_constant("tp_allreduce_latency_s")
+    return step * _slowdown(w)
+
+
+def inference_time(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,
                    memory: MemoryBreakdown) -> TimeBreakdown:
-    """Prefill is compute-bound; each decode step reads the weights and the KV cache once."""
+    """Prefill is compute-bound (never under the launch floor); each decode step as
+    `decode_step_seconds`, at the mean cache size (the cache grows linearly)."""
     peak = peak_flops(gpu, w)
     prefill_work = prefill_flops(w)
-    prefill = prefill_work / (peak * mfu)
-    bandwidth = gpu.memory_bandwidth_bytes_per_s * bandwidth_fraction
-    decode_total = 0.0
-    a = w.activation_dtype_bytes
+    prefill = max(prefill_work / (peak * hfu), decode_floor_seconds(w))
+    per_token = 0.0
     if w.new_tokens:
-        mid = w.seq + w.new_tokens // 2  # the cache grows linearly: its mean size is read per step
-        kv = kv_cache_bytes(w.model, w.batch, mid, a, w.tp)
-        per_token_bytes = memory.weights_bytes + kv
-        per_token = max(per_token_bytes / bandwidth, decode_flops_per_token(w, mid) / (peak * mfu))
-        decode_total = per_token * w.new_tokens
+        per_token = decode_step_seconds(w, gpu, hfu, bandwidth_fraction, memory, w.seq + w.new_tokens // 2)
+    decode_total = per_token * w.new_tokens
     step = prefill + decode_total
     generated = w.batch * w.new_tokens
     tokens = generated if generated else w.batch * w.seq
-    busy = decode_total if generated else prefill
     model_flops = prefill_work + (decode_flops_per_token(w, w.seq + w.new_tokens // 2) * w.new_tokens)
-    return TimeBreakdown(step, prefill, 0.0, 0.0, tokens * w.dp / busy, tokens / busy, model_flops / (step * peak),
-                         peak / TFLOPS, model_flops, prefill, decode_total / w.new_tokens if w.new_tokens else 0.0)
+    decode_rate = w.batch / per_token if per_token else 0.0
+    return TimeBreakdown(step, prefill, 0.0, 0.0, tokens * w.dp / step, tokens / step, model_flops / (step * peak),
+                         peak / TFLOPS, model_flops, prefill, per_token, hfu=hfu,
+                         decode_tokens_per_s=decode_rate, decode_floor_s_per_token=decode_floor_seconds(w))
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ class Workload:
     offload: str = field(default="none", metadata=dict(help="ZeRO offload to the host", choices=OFFLOADS))
     tp: int = field(default=1, metadata=dict(help="tensor parallel degree", metavar="N"))
     pp: int = field(default=1, metadata=dict(help="pipeline parallel degree", metavar="N"))
+    compiled: bool = field(default=False, metadata=dict(
+        help="inference: static KV cache + torch.compile (gpt-fast/torchao style) instead of eager generate"))
 
     @property
     def training(self) -> bool:
@@ -172,6 +174,8 @@ def _check_method(w: Workload) -> None:
         raise InputError("ZeRO and offload apply to training; inference takes --gpus with --tp instead")
     if w.method != "inference" and w.new_tokens:
         raise InputError("--new-tokens applies to inference only")
+    if w.method != "inference" and w.compiled:
+        raise InputError("--compiled applies to inference only (compiled decode with a static cache)")
     if w.attn == "flash" and w.compute_dtype == "fp32":
         raise InputError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
     if w.quant != "none" and w.compute_dtype == "fp32" and w.method == "inference":

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Score the estimator's time against the development set of published measurements.
+
+Rows: calibrations/measurements/published/time.csv (docs/design.md section 8: one row per published
+measurement with its locator, metric, unit, conversion and what was guessed). Only sources that
+../shared/DATA-SOURCES.md allows are in it; rows marked `skip: ...` and rows whose GPU is not in
+estimator/data/gpus.csv are counted and left out.
+
+Error of a row = (predicted time - measured time) / measured time, throughputs turned into times
+(time ~ 1 / throughput), so a negative error is optimistic (faster than measured). Per kind
+(training on one GPU, training on several, prefill, eager decode, compiled decode; quantized rows
+again as their own group) it prints n, median and p90 |error|, the signed median and the share of
+optimistic answers, for the mechanism before issue 11 ("before": hardware FLOPs / (peak x the old
+MFU table), half the communication exposed, decode = bytes over 70 % of bandwidth) and now
+("after": estimator.api.estimate, uncalibrated).
+
+  python scripts/bench_time.py [--rows] [--json] [--csv PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from estimator import tables  # noqa: E402
+from estimator.api import DEFAULT_INTER_NODE, estimate  # noqa: E402
+from estimator.configs import load_spec  # noqa: E402
+from estimator.flops import prefill_flops, training_flops  # noqa: E402
+from estimator.memory import kv_cache_bytes  # noqa: E402
+from estimator.params import count_params  # noqa: E402
+from estimator.states import lora_params  # noqa: E402
+from estimator.workload import Workload, lora_targets_from_text  # noqa: E402
+
+DEV_SET = Path(ROOT) / "calibrations" / "measurements" / "published" / "time.csv"
+TIME_METRICS = ("step_s", "job_s", "prefill_s")           # seconds: time directly
+RATE_METRICS = ("decode_tokens_per_s_incl_prefill", "decode_tokens_per_s", "total_tokens_per_s")
+_INT = ("gpus", "nodes", "batch", "seq", "new_tokens", "grad_accum", "lora_rank", "zero", "tp")
+_BOOL = ("grad_ckpt", "compiled")
+# the achieved fractions of estimator/data/mfu.csv before issue 11 (MFU applied to hardware FLOPs)
+BEFORE_MFU = {("full", "a100-80gb"): 0.55, ("full", "a100-40gb"): 0.5, ("full", "h100-80gb"): 0.4,
+              "full": 0.4, "lora": 0.35, "qlora": 0.25, "inference-prefill": 0.45, "decode-bandwidth": 0.7}
+
+
+def workload(row: dict) -> Workload:
+    """The Workload a dev-set row describes (empty cells: the Workload defaults)."""
+    values = {"model": load_spec(row["model"])}
+    for name in ("method", "precision", "attn", "quant", "offload"):
+        if row.get(name):
+            values[name] = row[name]
+    for name in _INT:
+        if row.get(name):
+            values[name] = int(row[name])
+    for name in _BOOL:
+        if row.get(name):
+            values[name] = row[name].strip().lower() == "true"
+    if row.get("lora_targets"):
+        values["lora_targets"] = lora_targets_from_text(row["lora_targets"])
+    return Workload(**values).validate()
+
+
+def measured_time(row: dict) -> float:
+    """The row's measurement as a time in seconds of what the metric covers (rates inverted)."""
+    value = float(row["value"])
+    return value if row["metric"] in TIME_METRICS else 1.0 / value
+
+
+def predicted_time(row: dict, w: Workload, t) -> float:
+    """The estimator's time for what the row's metric covers (t: a TimeBreakdown-like object)."""
+    metric = row["metric"]
+    if metric == "step_s":
+        return t.step_s
+    if metric == "job_s":
+        return math.ceil(int(row["samples"]) / (w.batch * w.grad_accum * w.dp)) * t.step_s
+    if metric == "prefill_s":
+        return t.prefill_s
+    if metric == "decode_tokens_per_s":
+        return t.decode_s_per_token / w.batch
+    if metric == "decode_tokens_per_s_incl_prefill":
+        return (t.prefill_s + t.decode_s_per_token * w.new_tokens) / (w.batch * w.new_tokens)
+    if metric == "total_tokens_per_s":
+        return (t.prefill_s + t.decode_s_per_token * w.new_tokens) / (w.batch * (w.seq + w.new_tokens))
+    raise SystemExit(f"{DEV_SET}: unknown metric {metric!r}")
+
+
+class _Before:
+    """Step time as the estimator computed it before issue 11 (the baseline)."""
+
+    def __init__(self, w: Workload, gpu: tables.GpuSpec, inter_node: str = DEFAULT_INTER_NODE):
+        peak = gpu.peak_flops(w.compute_dtype)
+        key = "inference-prefill" if not w.training else w.method
+        mfu = BEFORE_MFU.get((key, gpu.slug), BEFORE_MFU[key])
+        self.prefill_s = self.decode_s_per_token = 0.0
+        if w.training:
+            comm = self._comm(w, gpu, inter_node)
+            self.step_s = w.grad_accum * training_flops(w).hardware_flops / (peak * mfu) + 0.5 * comm
+            return
+        est = estimate(w, gpu.slug, "none")
+        self.prefill_s = prefill_flops(w) / (peak * mfu)
+        if w.new_tokens:
+            mid = w.seq + w.new_tokens // 2
+            moved = est.memory.weights_bytes + kv_cache_bytes(w.model, w.batch, mid, w.activation_dtype_bytes, w.tp)
+            self.decode_s_per_token = moved / (gpu.memory_bandwidth_bytes_per_s * BEFORE_MFU["decode-bandwidth"])
+        self.step_s = self.prefill_s + self.decode_s_per_token * w.new_tokens
+
+    @staticmethod
+    def _comm(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> float:
+        n = w.dp
+        if n == 1:
+            return 0.0
+        p = count_params(w.model)
+        trainable = p.total if w.method == "full" else lora_params(w, p)
+        grad = trainable / (w.tp * w.pp) * (2 if w.compute_dtype != "fp32" else 4)
+        intra = tables.interconnect(gpu.intra_node_interconnect)
+        link = intra if w.nodes == 1 else min(intra, tables.interconnect(inter_node),
+                                                key=lambda li: li.bandwidth_bytes_per_s)
+        return ((3.0 if w.zero == 3 else 2.0) * (n - 1) / n * grad / link.bandwidth_bytes_per_s
+                + 2 * (n - 1) * link.latency_s)
+
+
+def kind(w: Workload, row: dict) -> str:
+    if w.training:
+        return "training, 1 GPU" if w.world_size == 1 else "training, several GPUs"
+    if row["metric"] == "prefill_s":
+        return "inference prefill"
+    return "decode, compiled" if w.compiled else "decode, eager"
+
+
+def score(rows: list[dict]) -> tuple[list[dict], dict]:
+    scored, skipped = [], {}
+    known = tables.gpus()
+    for row in rows:
+        use = row.get("use", "score")
+        if use != "score":
+            skipped[use] = skipped.get(use, 0) + 1
+            continue
+        if row["gpu_slug"] not in known:
+            reason = f"GPU {row['gpu_slug']} not in estimator/data/gpus.csv"
+            skipped[reason] = skipped.get(reason, 0) + 1
+            continue
+        w = workload(row)
+        measured = measured_time(row)
+        after = estimate(w, row["gpu_slug"], "none").time
+        before = _Before(w, tables.gpu(row["gpu_slug"]))
+        scored.append({"source": row["source"], "locator": row["locator"], "model": row["model"],
+                       "gpu": row["gpu_slug"], "kind": kind(w, row), "quantized": w.quant != "none",
+                       "measured_s": measured,
+                       "before": predicted_time(row, w, before) / measured - 1.0,
+                       "after": predicted_time(row, w, after) / measured - 1.0})
+    return scored, skipped
+
+
+def summary(errors: list[float]) -> dict:
+    a = sorted(abs(e) for e in errors)
+    p90 = a[min(len(a) - 1, math.ceil(0.9 * len(a)) - 1)]
+    return {"n": len(errors), "median_abs": statistics.median(a), "p90_abs": p90,
+            "signed_median": statistics.median(errors), "optimistic": sum(e < 0 for e in errors) / len(errors)}
+
+
+def groups(scored: list[dict]) -> dict:
+    out = {}
+    names = ["training, 1 GPU", "training, several GPUs", "inference prefill", "decode, eager", "decode, compiled"]
+    for name in names + ["quantized (bitsandbytes)", "all"]:
+        if name == "all":
+            sel = scored
+        elif name.startswith("quantized"):
+            sel = [r for r in scored if r["quantized"]]
+        else:
+            sel = [r for r in scored if r["kind"] == name]
+        if sel:
+            out[name] = {k: summary([r[k] for r in sel]) for k in ("before", "after")}
+    return out
+
+
+def render(result: dict) -> str:
+    lines = [f"time against {result['rows']} published measurements ({DEV_SET.relative_to(ROOT)}); "
+             f"error = (predicted - measured) / measured time; optimistic = predicted faster", "",
+             f"{'kind':<26}{'n':>4}  {'before: median  p90  signed  optim.':>36}  {'after: median  p90  signed  optim.':>36}"]
+    for name, g in result["groups"].items():
+        cells = []
+        for k in ("before", "after"):
+            s = g[k]
+            cells.append(f"{s['median_abs']:>14.0%}{s['p90_abs']:>6.0%}{s['signed_median']:>+8.0%}{s['optimistic']:>8.0%}")
+        lines.append(f"{name:<26}{g['after']['n']:>4}  {cells[0]:>36}  {cells[1]:>36}")
+    if result["skipped"]:
+        lines += ["", "left out: " + "; ".join(f"{n} x {why}" for why, n in result["skipped"].items())]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--csv", type=Path, default=DEV_SET, help="development set (default: %(default)s)")
+    p.add_argument("--rows", action="store_true", help="print every row's errors")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = p.parse_args(argv)
+    with args.csv.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    scored, skipped = score(rows)
+    result = {"rows": len(scored), "groups": groups(scored), "skipped": skipped}
+    if args.rows:
+        result["scored"] = scored
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(render(result))
+    if args.rows:
+        print()
+        for r in scored:
+            print(f"{r['before']:>+7.0%} {r['after']:>+7.0%}  {r['kind']:<22} {r['gpu']:<13} {r['model']:<13} "
+                  f"{r['source']}: {r['locator'][:70]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
