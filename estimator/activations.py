@@ -41,6 +41,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from estimator.model import ModelSpec
+from estimator.regimes import regime
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
@@ -68,12 +69,20 @@ class ActivationKey(NamedTuple):
     seq: int
     training: bool
     amp: bool
+    kbit_prep: bool = False    # peft's kbit preparation ran (fp32 residual stream), estimator.regimes
+    adapter_bytes: int = 4     # dtype LoRA adapters compute in (peft: fp32; FSDP/DeepSpeed: half)
+    liger: bool = False        # Liger Kernel's fused linear cross-entropy (no logits)
 
 
 def activation_key(w: Workload) -> ActivationKey:
-    """The `ActivationKey` of `w` (the one place a Workload becomes one)."""
-    return ActivationKey(w.model, w.method, w.precision, w.attn, w.lora_targets, w.lora_rank, w.quant,
-                         w.grad_ckpt, w.seq, w.training, w.amp)
+    """The `ActivationKey` of `w` (the one place a Workload becomes one). The precision is the one
+    the stack computes in after its casts (estimator.regimes: FSDP mixed precision and DeepSpeed's
+    half module compute in half with no autocast casts)."""
+    rg = regime(w)
+    precision = rg.activation_precision
+    return ActivationKey(w.model, w.method, precision, w.attn, w.lora_targets, w.lora_rank, w.quant,
+                         w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
+                         rg.activation_kbit, rg.adapter_compute_bytes, w.liger)
 
 
 @dataclass(frozen=True)
@@ -89,14 +98,14 @@ class Dtypes:
 
 def dtypes(key: ActivationKey) -> Dtypes:
     """The three activation dtypes (bytes per element) and whether autocast runs."""
-    return _dtypes(key.precision, key.training, key.quant)
+    return _dtypes(key.precision, key.training and key.kbit_prep)
 
 
 @lru_cache(maxsize=64)
-def _dtypes(precision: str, training: bool, quant: str) -> Dtypes:
+def _dtypes(precision: str, kbit: bool) -> Dtypes:
+    """`kbit`: peft's kbit preparation ran (fp32 embedding and norms, under autocast)."""
     compute = int(dtype_bytes(precision.removeprefix("amp-")))
     amp = precision.startswith("amp-")
-    kbit = training and quant != "none"       # peft kbit preparation: fp32 embedding and norms
     residual = 4 if (amp or kbit or compute == 4) else compute
     return Dtypes(compute, residual, 4 if kbit else compute, amp or kbit)
 
@@ -122,9 +131,9 @@ def _input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int, saved: boo
         return 0 if saved else x_bytes       # the tensor itself, once
     if dt.autocast:
         return readers * dt.compute           # adapter casts to fp32, autocast back to half
-    if x_bytes == 4:
-        return 0 if saved else 4
-    return readers * 4                        # each adapter's fp32 cast
+    if x_bytes == key.adapter_bytes:
+        return 0 if saved else x_bytes        # adapters in the input's dtype: the tensor itself
+    return readers * key.adapter_bytes        # each adapter's cast to its dtype (peft: fp32)
 
 
 def _dropout(spec: ModelSpec, where: str) -> bool:
@@ -274,7 +283,7 @@ def _adapter_bytes(key: ActivationKey, dt: Dtypes) -> int:
     """LoRA: each adapter's lora_B saves lora_A's rank-wide output (half under autocast)."""
     if key.method not in ("lora", "qlora"):
         return 0
-    return len(key.lora_targets) * key.lora_rank * (dt.compute if dt.autocast else 4)
+    return len(key.lora_targets) * key.lora_rank * (dt.compute if dt.autocast else key.adapter_bytes)
 
 
 def mlp_width(spec: ModelSpec) -> tuple[int, float]:

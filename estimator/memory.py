@@ -221,7 +221,8 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     for its input gradient either way. On a quantized base (QLoRA) only the fp32 lm_head is cast.
     With checkpointing the layers' casts are not saved (`saved`: alive when the backward starts).
     """
-    if not (w.amp or (w.training and w.quant != "none")):
+    key = activation_key(w)   # the precision after the stack's casts (FSDP, DeepSpeed: no autocast casts)
+    if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
     head = (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
     if w.quant != "none":
@@ -271,7 +272,8 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
                (acts + casts_bwd + per_token.logits_backward * tokens, casts_bwd)]
     head_grad = 0.0
     if w.method == "full":
-        head_grad = _head_grad_bytes(sizes, trained)
+        # FSDP: the unsharded lm_head gradient is counted with its reduce-scatter buffers (zero_buffers)
+        head_grad = 0.0 if w.fsdp != "none" else _head_grad_bytes(sizes, trained)
         moments.append((acts + casts_bwd + _output_layer_backward(w, sizes, trained), casts_bwd))
     below = acts - per_token.outside * tokens        # the layers' saved tensors
     if w.grad_ckpt:
@@ -294,6 +296,8 @@ def _output_layer_backward(w: Workload, sizes: Sizes, trained: Training) -> floa
     act_bytes = w.activation_dtype_bytes
     head = sizes.head if sizes.head else sizes.embed
     logits_grad = act_bytes * w.model.vocab_size * _scale(w)
+    if w.fsdp != "none":
+        return logits_grad     # the weight gradient is in FSDP's buffers (estimator.fsdp)
     with_grad = logits_grad + head * act_bytes
     if trained.param_bytes != act_bytes:
         with_grad = max(with_grad, head * (act_bytes + trained.param_bytes))
@@ -305,7 +309,7 @@ def _bottom_layer_backward(w: Workload, per_token: _PerToken, params: ParamCount
     """Beyond the gradients during the last layer the backward reaches (full fine-tune, no ZeRO):
     that layer's attention backward (`_PerToken.top`) while every gradient exists but
     its attention's and, untied, the embedding's."""
-    if w.method != "full" or w.zero:
+    if w.method != "full" or w.zero or w.fsdp != "none":
         return 0.0
     working = per_token.top * _scale(w)
     attention = params.attention_weights / (w.tp * w.pp)
@@ -317,7 +321,7 @@ def _end_of_backward(w: Workload, sizes: Sizes, trained: Training) -> float:
     """Beyond the gradients when the backward ends (full fine-tune, no ZeRO): the embedding's
     gradient made while a second one is alive, the lm_head's contribution to a tied embedding
     (summed in place by autograd) or the gradient accumulated from earlier micro-batches."""
-    if w.method != "full" or w.zero:
+    if w.method != "full" or w.zero or w.fsdp != "none":
         return 0.0
     copies = int(w.model.tied_embeddings) + int(w.grad_accum > 1)
     return copies * sizes.embed * trained.param_bytes
