@@ -271,8 +271,10 @@ def model_states(key: StatesKey) -> States:
         grads = grads / dp
     if stage == 3:
         weights = weights / dp
-        # DeepSpeed's gathered largest layer: params + grads
-        buffers += (params.largest_layer / (key.tp * key.pp)) * 2 * trained.param_bytes
+        # DeepSpeed's gathered largest layer: params + grads; with a frozen base (LoRA) the largest
+        # layer is a frozen tensor (usually the embedding): gathered, with no gradient
+        per_element = 2 * trained.param_bytes if key.method == "full" else key.regime.base_bytes
+        buffers += (params.largest_layer / (key.tp * key.pp)) * per_element
         buffers += overhead("zero3_prefetch_bucket_elements") * trained.param_bytes
     if stage == 0 and dp > 1:
         buffers = grads  # DDP copies gradients into its own buckets (gradient_as_bucket_view=False)
