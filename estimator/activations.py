@@ -82,7 +82,7 @@ def activation_key(w: Workload) -> ActivationKey:
     precision = rg.activation_precision
     return ActivationKey(w.model, w.method, precision, w.attn, w.lora_targets, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
-                         rg.activation_kbit, rg.adapter_compute_bytes, w.liger)
+                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger)
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,8 @@ def norm_bytes(key: ActivationKey, trains: bool) -> int:
     hidden = spec.hidden_size
     if spec.norm == "layer":
         return dt.residual * hidden + 8
+    if key.liger:    # Liger's RMSNorm saves its input as it comes and an fp32 rstd (ops/rms_norm.py)
+        return dt.residual * hidden + 4
     if spec.model_type.startswith("gemma"):
         return 4 * hidden + 4 + (4 * hidden if trains else 0)
     return 4 * hidden + 4 + (dt.residual * hidden if trains else 0)
@@ -209,9 +211,12 @@ def _activation_saves(spec: ModelSpec, dt: Dtypes) -> tuple[int, int, bool]:
 
 
 def _mlp(key: ActivationKey, dt: Dtypes, width: int) -> int:
-    """Saved by one feed-forward block per token (its input excluded)."""
+    """Saved by one feed-forward block per token (its input excluded). Liger's fused SwiGLU/GeGLU
+    (dense MLPs) saves gate and up only and recomputes the activation in its backward."""
     saves, out, out_saved = _activation_saves(key.model, dt)
     if key.model.mlp_gated:
+        if key.liger and not key.model.is_moe:
+            saves = 0                                  # liger_kernel ops/swiglu.py: save_for_backward(a, b)
         saved = (saves + 2 * dt.linear_out) * width   # gate (+ activation internals), act, up
         return saved + _input_bytes(key, dt, ("down_proj",), dt.linear_out) * width
     return saves * width + _input_bytes(key, dt, ("down_proj",), out, saved=out_saved) * width
@@ -333,14 +338,22 @@ def _logit_bytes(key: ActivationKey) -> int:
 
 
 def logits_saved_per_token(key: ActivationKey) -> int:
-    """Kept for the backward: log_softmax's fp32 output (and Gemma-2's soft-capping tanh)."""
+    """Kept for the backward: log_softmax's fp32 output (and Gemma-2's soft-capping tanh). Liger's
+    fused linear cross-entropy computes the gradients in the forward, chunk by chunk, and keeps only
+    the gradient of its input (hidden width, compute dtype; liger_kernel
+    ops/fused_linear_cross_entropy.py `grad_input`)."""
+    if key.liger:
+        return dtypes(key).compute * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     return 4 * vocab + (logit * vocab if key.model.logit_softcap else 0)
 
 
 def logits_forward_per_token(key: ActivationKey) -> int:
     """Peak of the loss in the forward: the logits, their fp32 upcast (none for fp32 logits) and
-    log_softmax's output; with soft-capping the tanh output and the capped logits."""
+    log_softmax's output; with soft-capping the tanh output and the capped logits. Liger: its
+    input's gradient and the fp32 per-token loss (the logits chunk is a fixed size: memory.py)."""
+    if key.liger:
+        return dtypes(key).compute * key.model.hidden_size + 4
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     base = (logit + 8) * vocab if logit != 4 else 8 * vocab
     return base + (logit * vocab if key.model.logit_softcap else 0)
@@ -348,7 +361,10 @@ def logits_forward_per_token(key: ActivationKey) -> int:
 
 def logits_backward_per_token(key: ActivationKey) -> int:
     """Peak of the loss in the backward: log_softmax's saved output, the incoming gradient and the
-    outgoing gradient, all fp32 (12 B x vocab), plus the soft-capping tanh output."""
+    outgoing gradient, all fp32 (12 B x vocab), plus the soft-capping tanh output. Liger: the saved
+    input gradient is the outgoing gradient (scaled in place)."""
+    if key.liger:
+        return dtypes(key).compute * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     return 12 * vocab + (logit * vocab if key.model.logit_softcap else 0)
 

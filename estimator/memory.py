@@ -46,6 +46,11 @@ from estimator.units import MiB
 from estimator.workload import Workload
 
 ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks (large segments)
+# Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl f2cd577
+# trl/models/activation_offloading.py): every saved tensor of 1 KiB or more but the lm_head's goes
+# to pinned host memory; the forward keeps up to 5 recent ones on the device for stream overlap and
+# the backward brings one layer's back while the next is prefetched: two layers' saved tensors stay.
+OFFLOAD_LAYERS_ON_DEVICE = 2
 
 
 @dataclass(frozen=True)
@@ -241,17 +246,22 @@ class _ForwardBackward:
     activations: float    # saved activations (plus one recomputed layer with checkpointing)
     casts: float          # autocast weight casts alive at the peak
     total: float          # the whole working set at the peak (gradients accumulated excluded)
+    offloaded: float = 0.0  # saved activations moved to host memory (--activation-offload)
 
 
 def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes,
                       trained: Training) -> _ForwardBackward:
     """The largest of the moments that bound the forward/backward working set (`_moments`)."""
     tokens = _scale(w)
-    acts = (sizes.layers * (per_token.checkpoint if w.grad_ckpt else per_token.layer) + per_token.outside) * tokens
+    per_layer = (per_token.checkpoint if w.grad_ckpt else per_token.layer) * tokens
+    on_device = sizes.layers
+    if w.activation_offload:   # the layers' saved tensors go to pinned host memory
+        on_device = min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE)
+    acts = on_device * per_layer + per_token.outside * tokens
     total, casts = max(_moments(w, per_token, params, sizes, trained, acts))
     if w.grad_ckpt:
         acts += per_token.layer * tokens           # the layer the backward recomputes
-    return _ForwardBackward(acts, casts, total)
+    return _ForwardBackward(acts, casts, total, (sizes.layers - on_device) * per_layer)
 
 
 def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes, trained: Training,
@@ -268,7 +278,8 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     tokens = _scale(w)
     casts_fwd = _weight_casts(w, params, sizes, saved=False)
     casts_bwd = _weight_casts(w, params, sizes, saved=True)
-    moments = [(acts + casts_fwd + per_token.logits_forward * tokens, casts_fwd),
+    liger = _liger_loss_bytes(w, sizes, trained)
+    moments = [(acts + casts_fwd + per_token.logits_forward * tokens + liger, casts_fwd),
                (acts + casts_bwd + per_token.logits_backward * tokens, casts_bwd)]
     head_grad = 0.0
     if w.method == "full":
@@ -285,6 +296,25 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     return moments
 
 
+def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
+    """Liger's fused linear cross-entropy, beyond its per-token terms, at its forward peak (bytes):
+    one chunk of logits (computed and turned into their gradient in place) and that chunk's input
+    gradient; chunk = next power of 2 of tokens / ceil(vocab / hidden) (liger_kernel
+    ops/fused_linear_cross_entropy.py). A trained lm_head's gradient is made in the forward
+    (`zeros_like(weight)`), each chunk's product added through an fp32 cast unless it already is fp32."""
+    key = activation_key(w)
+    if not key.liger:
+        return 0.0
+    spec, compute = w.model, w.activation_dtype_bytes
+    tokens = w.batch * w.seq
+    chunk = min(tokens, 1 << max(0, math.ceil(math.log2(math.ceil(tokens / math.ceil(spec.vocab_size / spec.hidden_size))))))
+    working = chunk * (spec.vocab_size + spec.hidden_size) * compute / w.tp
+    if w.method == "full":
+        head = sizes.head if sizes.head else sizes.embed
+        working += head * trained.param_bytes + (0 if trained.param_bytes == 4 else head * (compute + 4))
+    return working
+
+
 def _head_grad_bytes(sizes: Sizes, trained: Training) -> float:
     """The lm_head (or tied embedding) weight gradient, in the parameter dtype."""
     return (sizes.head if sizes.head else sizes.embed) * trained.param_bytes
@@ -295,6 +325,8 @@ def _output_layer_backward(w: Workload, sizes: Sizes, trained: Training) -> floa
     (under AMP the half weight gradient and its fp32 cast are both alive for a moment)."""
     act_bytes = w.activation_dtype_bytes
     head = sizes.head if sizes.head else sizes.embed
+    if activation_key(w).liger:   # no logits: the weight gradient was made in the forward
+        return head * trained.param_bytes
     logits_grad = act_bytes * w.model.vocab_size * _scale(w)
     if w.fsdp != "none":
         return logits_grad     # the weight gradient is in FSDP's buffers (estimator.fsdp)
@@ -387,13 +419,15 @@ def components(w: Workload) -> Components:
     temps = states.temporaries
     if not w.training:
         kv = inference_kv_bytes(spec, w.batch, w.seq, w.new_tokens, kv_dtype_bytes(w), w.tp)
+        kv_per_layer = kv / spec.num_layers
+        kv *= sizes.layers / spec.num_layers   # pipeline stages hold their own layers' cache
         return Components(
             training=False, multi_gpu=w.world_size > 1, weights=states.weights, gradients=states.gradients,
             optimizer_states=states.optimizer, master_weights=states.master, zero_buffers=states.zero_buffers,
             paged_optimizer=states.paged, host=states.host, activations=_inference_working_set(w, params),
             logits_and_loss=0, optimizer_temporaries=temps, autocast_weight_cache=0,
             quant_workspace=quant_workspace, accumulated_gradients=0, kv_cache=kv,
-            kv_growth=kv / spec.num_layers)  # DynamicCache grows by concatenation: one layer copied
+            kv_growth=kv_per_layer)  # DynamicCache grows by concatenation: one layer copied
     per_token = _per_token(activation_key(w))
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
     acts, casts = forward_backward.activations, forward_backward.casts
@@ -409,7 +443,8 @@ def components(w: Workload) -> Components:
     return Components(
         training=True, multi_gpu=w.world_size > 1, weights=states.weights, gradients=states.gradients,
         optimizer_states=states.optimizer, master_weights=states.master, zero_buffers=states.zero_buffers,
-        paged_optimizer=states.paged, host=states.host, activations=acts, logits_and_loss=logits,
+        paged_optimizer=states.paged, host=states.host + forward_backward.offloaded, activations=acts,
+        logits_and_loss=logits,
         optimizer_temporaries=temps, autocast_weight_cache=casts, quant_workspace=quant_workspace,
         accumulated_gradients=accumulated, kv_cache=0, kv_growth=0)
 

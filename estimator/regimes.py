@@ -29,6 +29,11 @@ from functools import lru_cache
 
 from estimator.workload import Workload
 
+# model_types Liger Kernel patches (linkedin/Liger-Kernel ead96b6 src/liger_kernel/transformers/monkey_patch.py
+# MODEL_TYPE_TO_APPLY_LIGER_FN), among the architectures the catalog holds
+LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                               "gemma3_text", "phi3"})
+
 
 @dataclass(frozen=True)
 class Regime:
@@ -45,13 +50,14 @@ class Regime:
     activation_precision: str  # the precision the activation formulas see (estimator.activations)
     activation_kbit: bool      # fp32 residual stream of a kbit-prepared model
     adapter_compute_bytes: int  # dtype adapters compute in (the fp32 cast peft makes, or none)
+    liger: bool                 # Liger's kernels patch this model (--liger on a supported model_type)
     notes: tuple[str, ...]
 
 
 def regime(w: Workload) -> Regime:
     """The `Regime` of `w` (cached on the fields it reads)."""
     return _regime(w.method, w.precision, w.quant, w.zero, w.fsdp, w.kbit_prep, w.offload,
-                   w.gpus, w.nodes, w.tp, w.pp)
+                   w.gpus, w.nodes, w.tp, w.pp, w.liger, w.model.model_type)
 
 
 def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str) -> tuple[bool, str]:
@@ -69,8 +75,12 @@ def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str) -> t
 
 @lru_cache(maxsize=1024)
 def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_setting: str, offload: str,
-            gpus: int, nodes: int, tp: int, pp: int) -> Regime:
+            gpus: int, nodes: int, tp: int, pp: int, liger_setting: bool, model_type: str) -> Regime:
     notes: list[str] = []
+    liger = liger_setting and model_type in LIGER_MODEL_TYPES
+    if liger_setting and not liger:
+        notes.append(f"Liger Kernel has no kernels for model_type {model_type}: --liger changes nothing "
+                     "(use_liger_kernel leaves the model as it is)")
     training = method != "inference"
     compute = precision.removeprefix("amp-")
     half = 2 if compute in ("bf16", "fp16") else 4
@@ -111,4 +121,4 @@ def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_
             notes.append("FSDP CPU offload (CPUOffloadPolicy) moves parameter, gradient and optimizer shards "
                          "together: --offload optimizer is modelled as optimizer+params")
     return Regime(kbit, ds_half, fsdp_shard, fsdp_mixed, base, other, adapters, trainable, act_precision,
-                  act_kbit, adapter_compute, tuple(notes))
+                  act_kbit, adapter_compute, liger, tuple(notes))

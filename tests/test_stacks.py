@@ -153,3 +153,66 @@ def test_zero3_lora_gathers_the_frozen_largest_layer_without_a_gradient():
     buckets = (overhead("zero_reduce_bucket_elements") + overhead("zero3_prefetch_bucket_elements")) * 2
     assert model_states(states_key(full)).zero_buffers == buckets + 4 * largest   # bf16 params + grads
     assert model_states(states_key(lora)).zero_buffers == buckets + 2 * largest   # bf16 params only
+
+
+# ---- Liger Kernel (linkedin/Liger-Kernel ead96b6, read in its code; not installed here) ---------
+
+def _layer_and_loss(**settings) -> tuple[int, int]:
+    from estimator import activations as act
+
+    w = Workload(load_spec(str(TINY)), method="lora", precision="bf16", **settings).validate()
+    key = act.activation_key(w)
+    return act.layer_bytes_per_token(key), act.logits_saved_per_token(key)
+
+
+def test_liger_saves_less_per_layer_and_no_logits():
+    hidden, width, vocab = 64, 176, 1000          # tests/data/tiny-llama.json
+    plain_layer, plain_loss = _layer_and_loss()
+    liger_layer, liger_loss = _layer_and_loss(liger=True)
+    # ops/rms_norm.py saves X (bf16 here) and an fp32 rstd where transformers' RMSNorm keeps the
+    # fp32 upcast input: 2 B less per element, two norms per layer; ops/swiglu.py saves gate and up
+    # only (the SiLU output is recomputed): one bf16 intermediate less
+    assert plain_layer - liger_layer == 2 * 2 * hidden + 2 * width
+    # fused linear cross-entropy keeps its input's gradient (bf16, hidden wide), not log_softmax's fp32 output
+    assert (plain_loss, liger_loss) == (4 * vocab, 2 * hidden)
+
+
+def test_liger_on_an_unpatched_family_changes_nothing_and_says_so():
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("gpt2"), method="full", batch=2, seq=512).validate()
+    assert estimate_memory(w.with_(liger=True), 0.0, 0) == estimate_memory(w, 0.0, 0)
+    assert any("no kernels for model_type gpt2" in note for note in regime(w.with_(liger=True)).notes)
+
+
+def test_liger_removes_the_logits_from_the_peak():
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("llama-3.1-8b"), method="lora", batch=4, seq=4096, grad_ckpt=True).validate()
+    plain, liger = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(liger=True), 0.0, 0)
+    # the fp32 B x T x vocab loss tensors (12 B x 128256 per token at their backward peak) are gone
+    assert plain.peak_allocated_bytes - liger.peak_allocated_bytes > 0.9 * 12 * 128256 * 4 * 4096
+
+
+# ---- activation offloading, pipeline-parallel KV cache -------------------------------------------
+
+def test_activation_offload_moves_all_but_two_layers_to_the_host():
+    from estimator.activations import activation_key, layer_bytes_per_token
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("llama-3.1-8b"), method="lora", batch=2, seq=2048).validate()
+    off, on = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(activation_offload=True), 0.0, 0)
+    per_layer = layer_bytes_per_token(activation_key(w)) * 2 * 2048
+    assert on.host_bytes == (32 - 2) * per_layer
+    assert off.activations_bytes - on.activations_bytes == on.host_bytes
+    assert on.peak_allocated_bytes < off.peak_allocated_bytes
+
+
+def test_pipeline_parallel_inference_divides_the_kv_cache():
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("llama-3.1-8b"), method="inference", batch=8, seq=4096, new_tokens=128).validate()
+    one, two = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(gpus=2, pp=2), 0.0, 0)
+    assert two.kv_cache_bytes * 2 == one.kv_cache_bytes          # 16 of 32 layers' cache per stage
+    odd = estimate_memory(w.with_(gpus=3, pp=3), 0.0, 0)
+    assert odd.kv_cache_bytes == one.kv_cache_bytes * 11 // 32  # the busiest stage holds ceil(32/3) layers
