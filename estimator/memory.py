@@ -176,6 +176,15 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
     )
 
 
+def _activation_key(w: Workload) -> ActivationKey:
+    """`activation_key(w)`, kept on the frozen Workload (several parts of one estimate read it)."""
+    key = w.__dict__.get("_activation_key")
+    if key is None:
+        key = activation_key(w)
+        object.__setattr__(w, "_activation_key", key)
+    return key
+
+
 def _scale(w: Workload) -> float:
     """Activations on the busiest GPU per byte computed per token: pipeline stages keep up to pp
     micro-batches in flight (1F1B); tensor parallel splits them."""
@@ -211,7 +220,7 @@ def saved_activation_bytes(w: Workload) -> int:
     under autocast, the half-precision weight casts the matmuls saved."""
     params = count_params(w.model)
     sizes = local_sizes(w, params)
-    per_token = _per_token(activation_key(w))
+    per_token = _per_token(_activation_key(w))
     per_layer = per_token.checkpoint if w.grad_ckpt else per_token.layer
     total_per_token = sizes.layers * per_layer + per_token.outside + per_token.logits_saved
     return int(total_per_token * _scale(w) + _weight_casts(w, params, sizes, saved=True))
@@ -226,7 +235,7 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     for its input gradient either way. On a quantized base (QLoRA) only the fp32 lm_head is cast.
     With checkpointing the layers' casts are not saved (`saved`: alive when the backward starts).
     """
-    key = activation_key(w)   # the precision after the stack's casts (FSDP, DeepSpeed: no autocast casts)
+    key = _activation_key(w)   # the precision after the stack's casts (FSDP, DeepSpeed: no autocast casts)
     if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
     head = (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
@@ -302,7 +311,7 @@ def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
     gradient; chunk = next power of 2 of tokens / ceil(vocab / hidden) (liger_kernel
     ops/fused_linear_cross_entropy.py). A trained lm_head's gradient is made in the forward
     (`zeros_like(weight)`), each chunk's product added through an fp32 cast unless it already is fp32."""
-    key = activation_key(w)
+    key = _activation_key(w)
     if not key.liger:
         return 0.0
     spec, compute = w.model, w.activation_dtype_bytes
@@ -325,7 +334,7 @@ def _output_layer_backward(w: Workload, sizes: Sizes, trained: Training) -> floa
     (under AMP the half weight gradient and its fp32 cast are both alive for a moment)."""
     act_bytes = w.activation_dtype_bytes
     head = sizes.head if sizes.head else sizes.embed
-    if activation_key(w).liger:   # no logits: the weight gradient was made in the forward
+    if _activation_key(w).liger:   # no logits: the weight gradient was made in the forward
         return head * trained.param_bytes
     logits_grad = act_bytes * w.model.vocab_size * _scale(w)
     if w.fsdp != "none":
@@ -391,7 +400,7 @@ def _inference_working_set(w: Workload, params: ParamCounts) -> float:
     attention (q, k, v, output; eager: scores while softmax runs, the 4-D mask) and its MLP, with
     the residual stream, or the last position's logits; under AMP plus the weight cast of the
     matmul running (not cached without gradients: the lm_head's is the largest)."""
-    key, spec = activation_key(w), w.model
+    key, spec = _activation_key(w), w.model
     act_bytes, tokens = act.dtypes(key).compute, w.batch * w.seq
     attention = act.inference_attention_bytes_per_token(key, w.seq) * tokens
     mlp = act.inference_mlp_bytes_per_token(key) * tokens
@@ -428,7 +437,7 @@ def components(w: Workload) -> Components:
             logits_and_loss=0, optimizer_temporaries=temps, autocast_weight_cache=0,
             quant_workspace=quant_workspace, accumulated_gradients=0, kv_cache=kv,
             kv_growth=kv_per_layer)  # DynamicCache grows by concatenation: one layer copied
-    per_token = _per_token(activation_key(w))
+    per_token = _per_token(_activation_key(w))
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
     acts, casts = forward_backward.activations, forward_backward.casts
     logits = max(0.0, forward_backward.total - acts - casts - quant_workspace)

@@ -55,9 +55,14 @@ class Regime:
 
 
 def regime(w: Workload) -> Regime:
-    """The `Regime` of `w` (cached on the fields it reads)."""
-    return _regime(w.method, w.precision, w.quant, w.zero, w.fsdp, w.kbit_prep, w.offload,
+    """The `Regime` of `w` (cached on the fields it reads, and on the frozen Workload itself)."""
+    cached = w.__dict__.get("_regime")
+    if cached is not None:
+        return cached
+    cached = _regime(w.method, w.precision, w.quant, w.zero, w.fsdp, w.kbit_prep, w.offload,
                    w.gpus, w.nodes, w.tp, w.pp, w.liger, w.model.model_type)
+    object.__setattr__(w, "_regime", cached)
+    return cached
 
 
 def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str) -> tuple[bool, str]:
