@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 from estimator.model import ModelSpec
 from estimator.params import count_params
+from estimator.regimes import regime
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
@@ -70,12 +71,20 @@ class ActivationKey(NamedTuple):
     seq: int
     training: bool
     amp: bool
+    kbit_prep: bool = False    # peft's kbit preparation ran (fp32 residual stream), estimator.regimes
+    adapter_bytes: int = 4     # dtype LoRA adapters compute in (peft: fp32; FSDP/DeepSpeed: half)
+    liger: bool = False        # Liger Kernel's fused linear cross-entropy (no logits)
 
 
 def activation_key(w: Workload) -> ActivationKey:
-    """The `ActivationKey` of `w` (the one place a Workload becomes one)."""
-    return ActivationKey(w.model, w.method, w.precision, w.attn, w.lora_targets, w.lora_rank, w.quant,
-                         w.grad_ckpt, w.seq, w.training, w.amp)
+    """The `ActivationKey` of `w` (the one place a Workload becomes one). The precision is the one
+    the stack computes in after its casts (estimator.regimes: FSDP mixed precision and DeepSpeed's
+    half module compute in half with no autocast casts)."""
+    rg = regime(w)
+    precision = rg.activation_precision
+    return ActivationKey(w.model, w.method, precision, w.attn, w.lora_targets, w.lora_rank, w.quant,
+                         w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
+                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger)
 
 
 @dataclass(frozen=True)
@@ -91,14 +100,14 @@ class Dtypes:
 
 def dtypes(key: ActivationKey) -> Dtypes:
     """The three activation dtypes (bytes per element) and whether autocast runs."""
-    return _dtypes(key.precision, key.training, key.quant)
+    return _dtypes(key.precision, key.training and key.kbit_prep)
 
 
 @lru_cache(maxsize=64)
-def _dtypes(precision: str, training: bool, quant: str) -> Dtypes:
+def _dtypes(precision: str, kbit: bool) -> Dtypes:
+    """`kbit`: peft's kbit preparation ran (fp32 embedding and norms, under autocast)."""
     compute = int(dtype_bytes(precision.removeprefix("amp-")))
     amp = precision.startswith("amp-")
-    kbit = training and quant != "none"       # peft kbit preparation: fp32 embedding and norms
     residual = 4 if (amp or kbit or compute == 4) else compute
     return Dtypes(compute, residual, 4 if kbit else compute, amp or kbit)
 
@@ -124,9 +133,9 @@ def _input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int, saved: boo
         return 0 if saved else x_bytes       # the tensor itself, once
     if dt.autocast:
         return readers * dt.compute           # adapter casts to fp32, autocast back to half
-    if x_bytes == 4:
-        return 0 if saved else 4
-    return readers * 4                        # each adapter's fp32 cast
+    if x_bytes == key.adapter_bytes:
+        return 0 if saved else x_bytes        # adapters in the input's dtype: the tensor itself
+    return readers * key.adapter_bytes        # each adapter's cast to its dtype (peft: fp32)
 
 
 def _dropout(spec: ModelSpec, where: str) -> bool:
@@ -139,6 +148,8 @@ def norm_bytes(key: ActivationKey, trains: bool) -> int:
     hidden = spec.hidden_size
     if spec.norm == "layer":
         return dt.residual * hidden + 8
+    if key.liger:    # Liger's RMSNorm saves its input as it comes and an fp32 rstd (ops/rms_norm.py)
+        return dt.residual * hidden + 4
     if spec.model_type.startswith("gemma") or spec.model_type in _FP32_NORM_WEIGHT:
         return 4 * hidden + 4 + (4 * hidden if trains else 0)
     return 4 * hidden + 4 + (dt.residual * hidden if trains else 0)
@@ -245,9 +256,12 @@ def _activation_saves(spec: ModelSpec, dt: Dtypes) -> tuple[int, int, bool]:
 
 
 def _mlp(key: ActivationKey, dt: Dtypes, width: int) -> int:
-    """Saved by one feed-forward block per token (its input excluded)."""
+    """Saved by one feed-forward block per token (its input excluded). Liger's fused SwiGLU/GeGLU
+    (dense MLPs) saves gate and up only and recomputes the activation in its backward."""
     saves, out, out_saved = _activation_saves(key.model, dt)
     if key.model.mlp_gated:
+        if key.liger and not key.model.is_moe:
+            saves = 0                                  # liger_kernel ops/swiglu.py: save_for_backward(a, b)
         saved = (saves + 2 * dt.linear_out) * width   # gate (+ activation internals), act, up
         return saved + _input_bytes(key, dt, ("down_proj",), dt.linear_out) * width
     return saves * width + _input_bytes(key, dt, ("down_proj",), out, saved=out_saved) * width
@@ -319,7 +333,8 @@ def _adapter_bytes(key: ActivationKey, dt: Dtypes) -> int:
     """LoRA: each adapter's lora_B saves lora_A's rank-wide output (half under autocast)."""
     if key.method not in ("lora", "qlora"):
         return 0
-    return _adapted_per_layer(key.model, key.lora_targets) * key.lora_rank * (dt.compute if dt.autocast else 4)
+    return _adapted_per_layer(key.model, key.lora_targets) * key.lora_rank * (
+        dt.compute if dt.autocast else key.adapter_bytes)
 
 
 @lru_cache(maxsize=256)
@@ -377,14 +392,22 @@ def _logit_bytes(key: ActivationKey) -> int:
 
 
 def logits_saved_per_token(key: ActivationKey) -> int:
-    """Kept for the backward: log_softmax's fp32 output (and Gemma-2's soft-capping tanh)."""
+    """Kept for the backward: log_softmax's fp32 output (and Gemma-2's soft-capping tanh). Liger's
+    fused linear cross-entropy computes the gradients in the forward, chunk by chunk, and keeps only
+    the gradient of its input (hidden width, compute dtype; liger_kernel
+    ops/fused_linear_cross_entropy.py `grad_input`)."""
+    if key.liger:
+        return dtypes(key).compute * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     return 4 * vocab + (logit * vocab if key.model.logit_softcap else 0)
 
 
 def logits_forward_per_token(key: ActivationKey) -> int:
     """Peak of the loss in the forward: the logits, their fp32 upcast (none for fp32 logits) and
-    log_softmax's output; with soft-capping the tanh output and the capped logits."""
+    log_softmax's output; with soft-capping the tanh output and the capped logits. Liger: its
+    input's gradient and the fp32 per-token loss (the logits chunk is a fixed size: memory.py)."""
+    if key.liger:
+        return dtypes(key).compute * key.model.hidden_size + 4
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     base = (logit + 8) * vocab if logit != 4 else 8 * vocab
     return base + (logit * vocab if key.model.logit_softcap else 0)
@@ -392,7 +415,10 @@ def logits_forward_per_token(key: ActivationKey) -> int:
 
 def logits_backward_per_token(key: ActivationKey) -> int:
     """Peak of the loss in the backward: log_softmax's saved output, the incoming gradient and the
-    outgoing gradient, all fp32 (12 B x vocab), plus the soft-capping tanh output."""
+    outgoing gradient, all fp32 (12 B x vocab), plus the soft-capping tanh output. Liger: the saved
+    input gradient is the outgoing gradient (scaled in place)."""
+    if key.liger:
+        return dtypes(key).compute * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     return 12 * vocab + (logit * vocab if key.model.logit_softcap else 0)
 

@@ -10,6 +10,7 @@ from estimator.calibration import NONE, Calibration, apply_memory, resolve, time
 from estimator.memory import Components, MemoryBreakdown, components
 from estimator.states import lora_params
 from estimator.params import count_params
+from estimator.regimes import regime
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
 from estimator.versions import installed_versions
 from estimator.workload import Workload
@@ -76,6 +77,11 @@ class Estimate:
         bound = self.upper_bound
         return bound["device_used_bytes"] if bound else None
 
+    @property
+    def regime_notes(self) -> tuple[str, ...]:
+        """One line per regime switch the estimator made on its own, saying why (estimator.regimes)."""
+        return regime(self.workload).notes
+
     def dominant(self, n: int = 3) -> list[tuple[str, int]]:
         """The largest memory components, largest first."""
         items = [(k, getattr(self.memory, k)) for k in _COMPONENTS]
@@ -102,6 +108,7 @@ class Estimate:
             "fits": self.fits,
             "headroom_bytes": self.headroom_bytes,
             "dominant": [k for k, _ in self.dominant()],
+            "regime": list(self.regime_notes),
             "calibration": {"file": cal.path, "gpu": cal.gpu, "created": cal.table.get("created"),
                             "points": cal.table.get("provenance", {}).get("points"),
                             "versions": cal.versions,

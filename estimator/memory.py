@@ -46,6 +46,11 @@ from estimator.units import MiB
 from estimator.workload import Workload
 
 ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks (large segments)
+# Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl f2cd577
+# trl/models/activation_offloading.py): every saved tensor of 1 KiB or more but the lm_head's goes
+# to pinned host memory; the forward keeps up to 5 recent ones on the device for stream overlap and
+# the backward brings one layer's back while the next is prefetched: two layers' saved tensors stay.
+OFFLOAD_LAYERS_ON_DEVICE = 2
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,15 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
     )
 
 
+def _activation_key(w: Workload) -> ActivationKey:
+    """`activation_key(w)`, kept on the frozen Workload (several parts of one estimate read it)."""
+    key = w.__dict__.get("_activation_key")
+    if key is None:
+        key = activation_key(w)
+        object.__setattr__(w, "_activation_key", key)
+    return key
+
+
 def _scale(w: Workload) -> float:
     """Activations on the busiest GPU per byte computed per token: pipeline stages keep up to pp
     micro-batches in flight (1F1B); tensor parallel splits them."""
@@ -206,7 +220,7 @@ def saved_activation_bytes(w: Workload) -> int:
     under autocast, the half-precision weight casts the matmuls saved."""
     params = count_params(w.model)
     sizes = local_sizes(w, params)
-    per_token = _per_token(activation_key(w))
+    per_token = _per_token(_activation_key(w))
     per_layer = per_token.checkpoint if w.grad_ckpt else per_token.layer
     total_per_token = sizes.layers * per_layer + per_token.outside + per_token.logits_saved
     return int(total_per_token * _scale(w) + _weight_casts(w, params, sizes, saved=True))
@@ -221,7 +235,8 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     for its input gradient either way. On a quantized base (QLoRA) only the fp32 lm_head is cast.
     With checkpointing the layers' casts are not saved (`saved`: alive when the backward starts).
     """
-    if not (w.amp or (w.training and w.quant != "none")):
+    key = _activation_key(w)   # the precision after the stack's casts (FSDP, DeepSpeed: no autocast casts)
+    if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
     head = (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
     if w.quant != "none":
@@ -240,17 +255,22 @@ class _ForwardBackward:
     activations: float    # saved activations (plus one recomputed layer with checkpointing)
     casts: float          # autocast weight casts alive at the peak
     total: float          # the whole working set at the peak (gradients accumulated excluded)
+    offloaded: float = 0.0  # saved activations moved to host memory (--activation-offload)
 
 
 def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes,
                       trained: Training) -> _ForwardBackward:
     """The largest of the moments that bound the forward/backward working set (`_moments`)."""
     tokens = _scale(w)
-    acts = (sizes.layers * (per_token.checkpoint if w.grad_ckpt else per_token.layer) + per_token.outside) * tokens
+    per_layer = (per_token.checkpoint if w.grad_ckpt else per_token.layer) * tokens
+    on_device = sizes.layers
+    if w.activation_offload:   # the layers' saved tensors go to pinned host memory
+        on_device = min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE)
+    acts = on_device * per_layer + per_token.outside * tokens
     total, casts = max(_moments(w, per_token, params, sizes, trained, acts))
     if w.grad_ckpt:
         acts += per_token.layer * tokens           # the layer the backward recomputes
-    return _ForwardBackward(acts, casts, total)
+    return _ForwardBackward(acts, casts, total, (sizes.layers - on_device) * per_layer)
 
 
 def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes, trained: Training,
@@ -267,11 +287,13 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     tokens = _scale(w)
     casts_fwd = _weight_casts(w, params, sizes, saved=False)
     casts_bwd = _weight_casts(w, params, sizes, saved=True)
-    moments = [(acts + casts_fwd + per_token.logits_forward * tokens, casts_fwd),
+    liger = _liger_loss_bytes(w, sizes, trained)
+    moments = [(acts + casts_fwd + per_token.logits_forward * tokens + liger, casts_fwd),
                (acts + casts_bwd + per_token.logits_backward * tokens, casts_bwd)]
     head_grad = 0.0
     if w.method == "full":
-        head_grad = _head_grad_bytes(sizes, trained)
+        # FSDP: the unsharded lm_head gradient is counted with its reduce-scatter buffers (zero_buffers)
+        head_grad = 0.0 if w.fsdp != "none" else _head_grad_bytes(sizes, trained)
         moments.append((acts + casts_bwd + _output_layer_backward(w, sizes, trained), casts_bwd))
     below = acts - per_token.outside * tokens        # the layers' saved tensors
     if w.grad_ckpt:
@@ -281,6 +303,25 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         top = below - per_token.layer * tokens + per_token.top * tokens
     moments.append((top + casts_bwd + head_grad, casts_bwd))
     return moments
+
+
+def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
+    """Liger's fused linear cross-entropy, beyond its per-token terms, at its forward peak (bytes):
+    one chunk of logits (computed and turned into their gradient in place) and that chunk's input
+    gradient; chunk = next power of 2 of tokens / ceil(vocab / hidden) (liger_kernel
+    ops/fused_linear_cross_entropy.py). A trained lm_head's gradient is made in the forward
+    (`zeros_like(weight)`), each chunk's product added through an fp32 cast unless it already is fp32."""
+    key = _activation_key(w)
+    if not key.liger:
+        return 0.0
+    spec, compute = w.model, w.activation_dtype_bytes
+    tokens = w.batch * w.seq
+    chunk = min(tokens, 1 << max(0, math.ceil(math.log2(math.ceil(tokens / math.ceil(spec.vocab_size / spec.hidden_size))))))
+    working = chunk * (spec.vocab_size + spec.hidden_size) * compute / w.tp
+    if w.method == "full":
+        head = sizes.head if sizes.head else sizes.embed
+        working += head * trained.param_bytes + (0 if trained.param_bytes == 4 else head * (compute + 4))
+    return working
 
 
 def _head_grad_bytes(sizes: Sizes, trained: Training) -> float:
@@ -293,7 +334,11 @@ def _output_layer_backward(w: Workload, sizes: Sizes, trained: Training) -> floa
     (under AMP the half weight gradient and its fp32 cast are both alive for a moment)."""
     act_bytes = w.activation_dtype_bytes
     head = sizes.head if sizes.head else sizes.embed
+    if _activation_key(w).liger:   # no logits: the weight gradient was made in the forward
+        return head * trained.param_bytes
     logits_grad = act_bytes * w.model.vocab_size * _scale(w)
+    if w.fsdp != "none":
+        return logits_grad     # the weight gradient is in FSDP's buffers (estimator.fsdp)
     with_grad = logits_grad + head * act_bytes
     if trained.param_bytes != act_bytes:
         with_grad = max(with_grad, head * (act_bytes + trained.param_bytes))
@@ -305,7 +350,7 @@ def _bottom_layer_backward(w: Workload, per_token: _PerToken, params: ParamCount
     """Beyond the gradients during the last layer the backward reaches (full fine-tune, no ZeRO):
     that layer's attention backward (`_PerToken.top`) while every gradient exists but
     its attention's and, untied, the embedding's."""
-    if w.method != "full" or w.zero:
+    if w.method != "full" or w.zero or w.fsdp != "none":
         return 0.0
     working = per_token.top * _scale(w)
     attention = params.attention_weights / (w.tp * w.pp)
@@ -317,7 +362,7 @@ def _end_of_backward(w: Workload, sizes: Sizes, trained: Training) -> float:
     """Beyond the gradients when the backward ends (full fine-tune, no ZeRO): the embedding's
     gradient made while a second one is alive, the lm_head's contribution to a tied embedding
     (summed in place by autograd) or the gradient accumulated from earlier micro-batches."""
-    if w.method != "full" or w.zero:
+    if w.method != "full" or w.zero or w.fsdp != "none":
         return 0.0
     copies = int(w.model.tied_embeddings) + int(w.grad_accum > 1)
     return copies * sizes.embed * trained.param_bytes
@@ -354,7 +399,7 @@ def _inference_working_set(w: Workload, params: ParamCounts) -> float:
     attention (q, k, v, output; eager: scores while softmax runs, the 4-D mask) and its MLP, with
     the residual stream, or the last position's logits; under AMP plus the weight cast of the
     matmul running (not cached without gradients: the lm_head's is the largest)."""
-    key, spec = activation_key(w), w.model
+    key, spec = _activation_key(w), w.model
     act_bytes, tokens = act.dtypes(key).compute, w.batch * w.seq
     attention = act.inference_attention_bytes_per_token(key, w.seq) * tokens
     mlp = act.inference_mlp_bytes_per_token(key) * tokens
@@ -382,14 +427,16 @@ def components(w: Workload) -> Components:
     temps = states.temporaries
     if not w.training:
         kv = inference_kv_bytes(spec, w.batch, w.seq, w.new_tokens, kv_dtype_bytes(w), w.tp)
+        kv_per_layer = kv / spec.num_layers
+        kv *= sizes.layers / spec.num_layers   # pipeline stages hold their own layers' cache
         return Components(
             training=False, multi_gpu=w.world_size > 1, weights=states.weights, gradients=states.gradients,
             optimizer_states=states.optimizer, master_weights=states.master, zero_buffers=states.zero_buffers,
             paged_optimizer=states.paged, host=states.host, activations=_inference_working_set(w, params),
             logits_and_loss=0, optimizer_temporaries=temps, autocast_weight_cache=0,
             quant_workspace=quant_workspace, accumulated_gradients=0, kv_cache=kv,
-            kv_growth=kv / spec.num_layers)  # DynamicCache grows by concatenation: one layer copied
-    per_token = _per_token(activation_key(w))
+            kv_growth=kv_per_layer)  # DynamicCache grows by concatenation: one layer copied
+    per_token = _per_token(_activation_key(w))
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
     acts, casts = forward_backward.activations, forward_backward.casts
     logits = max(0.0, forward_backward.total - acts - casts - quant_workspace)
@@ -404,7 +451,8 @@ def components(w: Workload) -> Components:
     return Components(
         training=True, multi_gpu=w.world_size > 1, weights=states.weights, gradients=states.gradients,
         optimizer_states=states.optimizer, master_weights=states.master, zero_buffers=states.zero_buffers,
-        paged_optimizer=states.paged, host=states.host, activations=acts, logits_and_loss=logits,
+        paged_optimizer=states.paged, host=states.host + forward_backward.offloaded, activations=acts,
+        logits_and_loss=logits,
         optimizer_temporaries=temps, autocast_weight_cache=casts, quant_workspace=quant_workspace,
         accumulated_gradients=accumulated, kv_cache=0, kv_growth=0)
 

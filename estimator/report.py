@@ -53,8 +53,9 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
     m, w, t = result.memory, result.workload, result.time
     lines = [f"{w.model.name}  {w.method}  {w.precision}  batch {w.batch} x seq {w.seq}"
              f"{'  +' + str(w.new_tokens) + ' new' if w.new_tokens else ''}  on {result.gpu.name}"
-             f"  ({w.world_size} GPU{'s' if w.world_size > 1 else ''})", "",
-             "memory per GPU"]
+             f"  ({w.world_size} GPU{'s' if w.world_size > 1 else ''})"]
+    lines += [f"regime: {note}" for note in result.regime_notes]
+    lines += ["", "memory per GPU"]
     for name, value in m.to_dict().items():
         if name.endswith("_bytes") and value and not name.startswith(("peak_", "device_used", "host")):
             lines.append(f"  {name[:-6]:<28}{_gib(value)}")

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
+from estimator import fsdp
 from estimator.defaults import overhead
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
+from estimator.regimes import Regime, regime
 from estimator.workload import Workload
 
 
@@ -46,12 +48,15 @@ class StatesKey(NamedTuple):
     dp: int
     training: bool
     amp: bool
+    fsdp: str
+    regime: Regime      # the stack's resolved dtypes and sharding (estimator.regimes)
 
 
 def states_key(w: Workload) -> StatesKey:
     """The `StatesKey` of `w` (the one place a Workload becomes one)."""
     return StatesKey(w.model, w.method, w.precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
-                     w.quant, w.double_quant, w.zero, w.offload, w.tp, w.pp, w.dp, w.training, w.amp)
+                     w.quant, w.double_quant, w.zero, w.offload, w.tp, w.pp, w.dp, w.training, w.amp,
+                     w.fsdp, regime(w))
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,9 @@ def lora_params(w: Workload | StatesKey, params: ParamCounts) -> int:
 
 
 def _base_dtype_bytes(key: StatesKey) -> int:
-    """Bytes per element of the model as loaded: fp32 for fp32 and AMP, else 2."""
-    return 4 if key.precision == "fp32" or key.amp else 2
+    """Bytes per element of the model's non-quantized parameters after the stack's casts: as loaded
+    (fp32 for fp32 and AMP, else 2), or half where DeepSpeed casts the module (estimator.regimes)."""
+    return key.regime.base_bytes
 
 
 def _quantized_linear_bytes(key: StatesKey, elements: float, rows: float) -> float:
@@ -109,9 +115,10 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
     """Base weights on one GPU (adapters excluded).
 
     bitsandbytes replaces nn.Linear modules only: transformers 5 stores MoE experts as fused 3-D
-    parameters, which stay unquantized. Training on a quantized base goes through peft's
-    prepare_model_for_kbit_training, which upcasts every non-quantized parameter (embeddings,
-    norms, lm_head, experts) to fp32 whatever the precision; inference keeps them as loaded.
+    parameters, which stay unquantized. Training on a quantized base through peft's
+    prepare_model_for_kbit_training upcasts every non-quantized parameter (embeddings, norms,
+    lm_head, experts) to fp32 whatever the precision; without it (and for inference) they stay
+    as loaded (`Regime.other_bytes`).
     """
     base = _base_dtype_bytes(key)
     if key.quant == "none":
@@ -120,7 +127,7 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
     dense = [lin for lin in params.linears if not lin.expert]
     quantized = sum(lin.weight_params for lin in dense) * fraction
     rows = sum(lin.d_out * lin.count for lin in dense) * fraction
-    other = 4 if key.training else base
+    other = key.regime.other_bytes
     return _quantized_linear_bytes(key, quantized, rows) + (sizes.total - quantized) * other
 
 
@@ -133,12 +140,13 @@ class Training:
 
 
 def _training(key: StatesKey, params: ParamCounts, sizes: Sizes) -> Training:
-    if key.method == "full":
-        param_bytes = _base_dtype_bytes(key)
-        deepspeed_half = key.zero >= 1 and param_bytes == 2
-        return Training(sizes.total, param_bytes, 4 if deepspeed_half else param_bytes, deepspeed_half)
-    # peft keeps adapters in fp32 (autocast_adapter_dtype=True) whatever the base dtype
-    return Training(lora_params(key, params) / (key.tp * key.pp), 4, 4, False)
+    """The trained elements and their dtypes. peft keeps adapters in fp32 (autocast_adapter_dtype=True)
+    whatever the base dtype; DeepSpeed's bf16/fp16 section casts them (and an AMP model) to half and
+    keeps fp32 masters; accelerate's FSDP2 upcasts what trains to fp32 (estimator.regimes)."""
+    rg = key.regime
+    trainable = sizes.total if key.method == "full" else lora_params(key, params) / (key.tp * key.pp)
+    param_bytes = rg.trainable_bytes
+    return Training(trainable, param_bytes, 4 if rg.deepspeed_half else param_bytes, rg.deepspeed_half)
 
 
 def _trainable_tensors(key: StatesKey, params: ParamCounts) -> list[tuple[int, int]]:
@@ -235,8 +243,10 @@ def model_states(key: StatesKey) -> States:
     if not key.training:
         return States(sizes, None, base_weights, 0, 0, 0, 0, 0, 0, 0)
     trained = _training(key, params, sizes)
+    if key.fsdp != "none":
+        return _fsdp_model_states(key, params, sizes, trained)
     dp, stage = key.dp, key.zero
-    adapters = trained.trainable * 4 if key.method != "full" else 0.0
+    adapters = trained.trainable * trained.param_bytes if key.method != "full" else 0.0
     weights = base_weights + adapters
     grads = trained.trainable * trained.param_bytes
     per_param = _optimizer_bytes_per_param(key, trained.state_bytes)
@@ -261,8 +271,10 @@ def model_states(key: StatesKey) -> States:
         grads = grads / dp
     if stage == 3:
         weights = weights / dp
-        # DeepSpeed's gathered largest layer: params + grads
-        buffers += (params.largest_layer / (key.tp * key.pp)) * 2 * trained.param_bytes
+        # DeepSpeed's gathered largest layer: params + grads; with a frozen base (LoRA) the largest
+        # layer is a frozen tensor (usually the embedding): gathered, with no gradient
+        per_element = 2 * trained.param_bytes if key.method == "full" else key.regime.base_bytes
+        buffers += (params.largest_layer / (key.tp * key.pp)) * per_element
         buffers += overhead("zero3_prefetch_bucket_elements") * trained.param_bytes
     if stage == 0 and dp > 1:
         buffers = grads  # DDP copies gradients into its own buckets (gradient_as_bucket_view=False)
@@ -284,3 +296,33 @@ def model_states(key: StatesKey) -> States:
     # (stage_1_and_2.py step()), so both are live at that moment: 2 + 2 + 4 + 4 + 8 = 20 B per
     # parameter at ZeRO-1 on one GPU, as DeepSpeed's own estimator counts (2P + 18P/N).
     return States(sizes, trained, weights, grads + fp32_grad, opt, master, temps, buffers, paged, host)
+
+
+def _fsdp_model_states(key: StatesKey, params: ParamCounts, sizes: Sizes, trained: Training) -> States:
+    """FSDP2: every state sharded over the shard group (padded per tensor, estimator.fsdp), the
+    optimizer on the shards; buffers are the all-gathered copies and reduce-scatter inputs; CPU
+    offload puts parameter, gradient and optimizer shards on the host."""
+    rg, world = key.regime, key.regime.fsdp_shard
+    adapters = [] if key.method == "full" else fsdp.adapter_tensors(params, key.lora_rank, key.lora_targets)
+    frozen = rg.other_bytes if key.quant != "none" else rg.base_bytes
+    compute = 2 if rg.fsdp_mixed else 4
+    shards = fsdp.fsdp_states(key.model, params, full=key.method == "full", quant=key.quant,
+                              double_quant=key.double_quant, adapters=adapters, world=world, tp=key.tp,
+                              frozen_bytes=frozen, trainable_bytes=trained.param_bytes, compute_bytes=compute,
+                              reshard_after_forward=key.fsdp != "grad-op")
+    local = Training(shards.trainable, trained.param_bytes, trained.state_bytes, False)
+    spread = world * key.tp
+    if key.optimizer == "adafactor":
+        opt = _adafactor_state(key, params) / spread
+    elif key.optimizer.endswith("8bit"):
+        opt = _bnb_8bit_state_bytes(key, params) / spread
+    else:
+        opt = local.trainable * _optimizer_bytes_per_param(key, local.state_bytes)
+    weights, grads, host = shards.weights, shards.gradients, 0.0
+    temps = _optimizer_temporaries(key, local, params)
+    if key.offload != "none":   # CPUOffloadPolicy: shards and the optimizer step on the host
+        host, weights, grads, opt, temps = weights + grads + opt, 0.0, 0.0, 0.0, 0.0
+    paged = 0.0
+    if key.optimizer.startswith("paged"):
+        paged, opt = opt, 0.0
+    return States(sizes, local, weights, grads, opt, 0.0, temps, shards.buffers, paged, host)

@@ -21,6 +21,8 @@ ATTENTIONS = ("eager", "sdpa", "flash")
 QUANTS = ("none", "int8", "nf4", "fp4")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 ZERO_STAGES = (0, 1, 2, 3)
+FSDP_MODES = ("none", "full", "grad-op", "hybrid")  # FSDP2 fully_shard: reshard after forward or not, HSDP
+KBIT_PREPS = ("auto", "on", "off")
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama-style models
 
 
@@ -78,6 +80,18 @@ class Workload:
     pp: int = field(default=1, metadata=dict(help="pipeline parallel degree", metavar="N"))
     compiled: bool = field(default=False, metadata=dict(
         help="inference: static KV cache + torch.compile (gpt-fast/torchao style) instead of eager generate"))
+    fsdp: str = field(default="none", metadata=dict(
+        help="FSDP2 (accelerate fully_shard): full shard, shard-grad-op (no reshard after forward) or hybrid "
+             "(shard within a node, replicate across nodes); --offload moves the shards to the host",
+        choices=FSDP_MODES))
+    kbit_prep: str = field(default="auto", metadata=dict(
+        help="peft's prepare_model_for_kbit_training on a quantized base (fp32 upcast of the non-quantized "
+             "parameters); auto: on with the HF Trainer on one GPU or DDP/ZeRO-1/2, off under FSDP and ZeRO-3 "
+             "(TRL skips it there)", choices=KBIT_PREPS))
+    liger: bool = field(default=False, metadata=dict(
+        help="Liger Kernel (use_liger_kernel): fused linear cross-entropy (no logits), fused RMSNorm, SwiGLU, RoPE"))
+    activation_offload: bool = field(default=False, metadata=dict(
+        help="offload saved activations to host memory (TRL/torchtune activation_offloading)"))
 
     @property
     def training(self) -> bool:
@@ -139,7 +153,8 @@ class Workload:
 def _check_choices(w: Workload) -> None:
     for name, allowed in (("method", METHODS), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                           ("adamw_impl", ADAMW_IMPLS), ("attn", ATTENTIONS), ("quant", QUANTS),
-                          ("offload", OFFLOADS), ("zero", ZERO_STAGES)):
+                          ("offload", OFFLOADS), ("zero", ZERO_STAGES), ("fsdp", FSDP_MODES),
+                          ("kbit_prep", KBIT_PREPS)):
         if getattr(w, name) not in allowed:
             raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
     unknown = [t for t in w.lora_targets if t not in ALL_LINEAR + MLA_ROLES]
@@ -170,8 +185,13 @@ def _check_method(w: Workload) -> None:
         raise InputError("a full fine-tune cannot train quantized weights; use --method lora or qlora")
     elif w.method == "lora" and w.quant in ("nf4", "fp4"):
         raise InputError("LoRA on a 4-bit base is QLoRA: use --method qlora")
-    if w.method == "inference" and (w.zero or w.offload != "none"):
-        raise InputError("ZeRO and offload apply to training; inference takes --gpus with --tp instead")
+    if w.method == "inference" and (w.zero or w.offload != "none" or w.fsdp != "none"):
+        raise InputError("ZeRO, FSDP and offload apply to training; inference takes --gpus with --tp or --pp instead")
+    if not w.training and (w.liger or w.activation_offload):
+        raise InputError("--liger and --activation-offload apply to training")
+    if w.kbit_prep == "on" and (w.quant == "none" or not w.training):
+        raise InputError("--kbit-prep on prepares a quantized base for training: use it with --method qlora "
+                         "or --method lora --quant int8")
     if w.method != "inference" and w.new_tokens:
         raise InputError("--new-tokens applies to inference only")
     if w.method != "inference" and w.compiled:
@@ -189,7 +209,15 @@ def _check_parallel(w: Workload) -> None:
         raise InputError(f"tensor parallel {w.tp} must divide the {w.model.num_heads} attention heads")
     if w.pp > w.model.num_layers:
         raise InputError(f"pipeline parallel {w.pp} exceeds the {w.model.num_layers} layers")
-    if w.offload != "none" and w.zero == 0:
-        raise InputError("offload needs ZeRO: optimizer offload with --zero 1, 2 or 3")
-    if w.offload == "optimizer+params" and w.zero != 3:
+    if w.fsdp != "none":
+        if w.zero:
+            raise InputError("FSDP and DeepSpeed ZeRO are alternatives: give --fsdp or --zero, not both")
+        if w.pp > 1:
+            raise InputError("FSDP shards data-parallel ranks: --pp is not modelled with --fsdp")
+        if w.quant == "int8":
+            raise InputError("bitsandbytes int8 weights do not shard under FSDP; use --method qlora (4-bit "
+                             "weights stored as bf16 shard) or --zero")
+    if w.offload != "none" and w.zero == 0 and w.fsdp == "none":
+        raise InputError("offload needs ZeRO or FSDP: optimizer offload with --zero 1, 2 or 3, or --fsdp with --offload")
+    if w.offload == "optimizer+params" and w.zero != 3 and w.fsdp == "none":
         raise InputError("parameter offload needs ZeRO stage 3 (--zero 3)")

@@ -25,7 +25,7 @@ from estimator.configs import load_spec
 from estimator.errors import InputError
 from estimator.params import ALL_LINEAR
 from estimator.workload import (ADAMW_IMPLS, ATTENTIONS, METHODS, OFFLOADS, OPTIMIZERS, PRECISIONS, QUANTS,
-                                ZERO_STAGES, Workload)
+                                ZERO_STAGES, FSDP_MODES, KBIT_PREPS, Workload)
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = "h100-80gb"
@@ -37,6 +37,7 @@ CHOICES = {
     "lora_rank": (8, 16, 256), "lora_targets": (("q_proj", "v_proj"), ALL_LINEAR, ("o_proj", "down_proj")),
     "grad_ckpt": (False, True), "attn": ATTENTIONS, "quant": QUANTS, "double_quant": (True, False),
     "gpus": (1, 2, 8), "nodes": (1, 2), "zero": ZERO_STAGES, "offload": OFFLOADS, "tp": (1, 2), "pp": (1, 2),
+    "fsdp": FSDP_MODES, "kbit_prep": KBIT_PREPS, "liger": (False, True), "activation_offload": (False, True),
 }
 # A table with every factor, so the calibrated path (and its caches) is in the answers too.
 TABLE = {"schema": SCHEMA, "gpu": GPU, "factors": {

@@ -1,0 +1,129 @@
+"""The training stack's own decisions, resolved once per Workload: which dtypes the parameters end up
+in after the libraries' casts, whether peft's kbit preparation runs, how FSDP shards, and one line
+saying why for every switch the estimator makes on its own (`Regime.notes`).
+
+What each library does, read in its code (docs/design.md section 8):
+- peft `prepare_model_for_kbit_training` (peft 0.21.2 utils/other.py lines 193-209): freezes the
+  base and upcasts every fp16/bf16 parameter that is not a `Params4bit` to fp32. The HF Trainer
+  recipe (peft's documentation) calls it; TRL skips it for "sharded QLoRA" (FSDP, ZeRO-3: the 4-bit
+  weights live on cpu/meta when the trainer sees them) and its current SFTTrainer casts the
+  adapters of a quantized model to bf16 (huggingface/trl f2cd577 trl/trainer/sft_trainer.py
+  lines 1121-1130). `--kbit-prep auto` is on for the HF Trainer on one GPU or DDP/ZeRO-1/2, off
+  under FSDP and ZeRO-3.
+- DeepSpeed with a `bf16`/`fp16` section casts every floating parameter of the module to that
+  dtype (deepspeed 0.19.8 runtime/engine.py `_cast_module_mixed_precision`, lines 1859-1862):
+  LoRA adapters, kbit-prepared fp32 norms and the fp32 weights of an AMP model included; the
+  ZeRO optimizer then keeps fp32 master weights of what trains.
+- accelerate's FSDP2 (accelerate 1.15.0 utils/fsdp_utils.py `fsdp2_prepare_model`, lines 813-825):
+  with mixed precision and no `Params4bit`, trainable parameters are upcast to fp32 (the sharded
+  master copy); `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)` (utils/dataclasses.py
+  `set_mixed_precision`, line 2137) all-gathers them in bf16 for compute and reduce-scatters bf16
+  gradients into fp32 shards. QLoRA under FSDP needs `bnb_4bit_quant_storage=bf16` so the packed
+  4-bit weights are floating and shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from estimator.workload import Workload
+
+# model_types Liger Kernel patches (linkedin/Liger-Kernel ead96b6 src/liger_kernel/transformers/monkey_patch.py
+# MODEL_TYPE_TO_APPLY_LIGER_FN), among the architectures the catalog holds
+LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
+                               "gemma3_text", "phi3"})
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Resolved stack decisions of one Workload (bytes per element where a dtype is meant)."""
+
+    kbit_prep: bool          # peft's fp32 upcast of the non-quantized parameters ran
+    deepspeed_half: bool     # DeepSpeed bf16/fp16 section: the whole module cast to half
+    fsdp_shard: int          # ranks one FSDP shard group spans (1: no FSDP)
+    fsdp_mixed: bool         # FSDP mixed precision: fp32 shards, half compute copies
+    base_bytes: int          # non-quantized frozen (or fully trained) parameters as stored
+    other_bytes: int         # non-quantized parameters of a quantized base (embeddings, norms, lm_head)
+    adapter_bytes: int       # LoRA adapters as stored
+    trainable_bytes: int     # trained parameters as stored (full: base after the stack's upcast)
+    activation_precision: str  # the precision the activation formulas see (estimator.activations)
+    activation_kbit: bool      # fp32 residual stream of a kbit-prepared model
+    adapter_compute_bytes: int  # dtype adapters compute in (the fp32 cast peft makes, or none)
+    liger: bool                 # Liger's kernels patch this model (--liger on a supported model_type)
+    notes: tuple[str, ...]
+
+
+def regime(w: Workload) -> Regime:
+    """The `Regime` of `w` (cached on the fields it reads, and on the frozen Workload itself)."""
+    cached = w.__dict__.get("_regime")
+    if cached is not None:
+        return cached
+    cached = _regime(w.method, w.precision, w.quant, w.zero, w.fsdp, w.kbit_prep, w.offload,
+                   w.gpus, w.nodes, w.tp, w.pp, w.liger, w.model.model_type)
+    object.__setattr__(w, "_regime", cached)
+    return cached
+
+
+def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str) -> tuple[bool, str]:
+    if method == "inference" or quant == "none":
+        return False, ""
+    if setting != "auto":
+        return setting == "on", ""
+    if fsdp != "none" or zero == 3:
+        return False, ("kbit preparation off: TRL skips prepare_model_for_kbit_training for sharded QLoRA "
+                       "(FSDP/ZeRO-3), so embeddings, norms and lm_head stay in the loaded dtype (--kbit-prep on "
+                       "to force it)")
+    return True, ("kbit preparation on: the HF Trainer + peft recipe upcasts embeddings, norms and lm_head "
+                  "to fp32 and runs under autocast (--kbit-prep off for a stack that skips it)")
+
+
+@lru_cache(maxsize=1024)
+def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_setting: str, offload: str,
+            gpus: int, nodes: int, tp: int, pp: int, liger_setting: bool, model_type: str) -> Regime:
+    notes: list[str] = []
+    liger = liger_setting and model_type in LIGER_MODEL_TYPES
+    if liger_setting and not liger:
+        notes.append(f"Liger Kernel has no kernels for model_type {model_type}: --liger changes nothing "
+                     "(use_liger_kernel leaves the model as it is)")
+    training = method != "inference"
+    compute = precision.removeprefix("amp-")
+    half = 2 if compute in ("bf16", "fp16") else 4
+    loaded = 4 if (precision == "fp32" or precision.startswith("amp-")) else 2
+    kbit, why = _kbit_prep(method, quant, zero, fsdp, kbit_setting)
+    if why:
+        notes.append(why)
+    base, other, adapters = loaded, (4 if kbit else loaded), 4
+    trainable = loaded if method == "full" else adapters
+    act_precision, act_kbit, adapter_compute = precision, kbit, 4
+    ds_half = training and zero >= 1 and half == 2
+    fsdp_shard, fsdp_mixed = 1, False
+    if ds_half:
+        base = other = adapters = trainable = 2
+        act_precision, act_kbit, adapter_compute = compute, False, 2
+        notes.append(f"DeepSpeed {compute} section: the whole module is cast to {compute} (adapters and fp32 "
+                     "layers included) and ZeRO keeps fp32 master weights and an fp32 gradient partition")
+    if training and fsdp != "none":
+        dp = gpus * nodes // (tp * pp)
+        fsdp_shard = max(1, min(dp, gpus // tp)) if fsdp == "hybrid" else dp
+        if fsdp == "hybrid" and nodes == 1:
+            notes.append("hybrid shard on one node shards over all its GPUs: the same as full shard")
+        fsdp_mixed = half == 2
+        if fsdp_mixed:
+            act_precision, act_kbit, adapter_compute = compute, False, 2
+            if quant in ("nf4", "fp4"):
+                adapters = 4 if kbit else 2
+                trainable = adapters
+                notes.append("FSDP QLoRA: 4-bit weights stored as bf16 (bnb_4bit_quant_storage) so they shard; no fp32 "
+                             "upcast of the trainable parameters (accelerate skips it with Params4bit); adapters in "
+                             f"{'fp32 (kbit preparation forced on)' if kbit else 'bf16 (TRL casts them)'}")
+            else:
+                trainable = 4
+                notes.append(f"FSDP mixed precision ({compute}): accelerate upcasts the trainable parameters to fp32 "
+                             f"(sharded, with fp32 gradients and optimizer states); compute copies are all-gathered in "
+                             f"{compute} and gradients reduce-scattered in {compute}")
+        if offload == "optimizer":
+            notes.append("FSDP CPU offload (CPUOffloadPolicy) moves parameter, gradient and optimizer shards "
+                         "together: --offload optimizer is modelled as optimizer+params")
+    return Regime(kbit, ds_half, fsdp_shard, fsdp_mixed, base, other, adapters, trainable, act_precision,
+                  act_kbit, adapter_compute, liger, tuple(notes))

@@ -1,0 +1,218 @@
+"""The training stacks' own casts (estimator/regimes.py) against the libraries' code:
+- peft's `prepare_model_for_kbit_training` on a real bitsandbytes 4-bit model (CPU): what
+  `--kbit-prep on` adds over `off` is exactly the fp32 upcast of the non-quantized parameters;
+- DeepSpeed's module cast (`DeepSpeedEngine._cast_module_mixed_precision`, deepspeed 0.19.8) under a
+  bf16 section: adapters and AMP's fp32 weights end up bf16;
+- `--kbit-prep auto` as the stacks decide it, and one note per switch.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from estimator.configs import load_spec
+from estimator.errors import InputError
+from estimator.params import count_params
+from estimator.regimes import regime
+from estimator.states import lora_params, model_states, states_key
+from estimator.workload import Workload
+
+TINY = Path(__file__).with_name("data") / "tiny-llama.json"
+
+
+def _bytes(params) -> int:
+    return sum(p.untyped_storage().nbytes() for p in params)
+
+
+@lru_cache(maxsize=None)
+def _saved_tiny() -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tempfile.mkdtemp(prefix="tiny-llama-")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(TINY)), dtype=torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def _qlora(prepare: bool):
+    """A tiny Llama loaded in 4 bits by transformers + bitsandbytes on CPU, then peft as the stack does."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                           bnb_4bit_compute_dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(_saved_tiny(), quantization_config=q, dtype=torch.bfloat16,
+                                                     device_map="cpu")
+    if prepare:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return get_peft_model(model, LoraConfig(r=16, target_modules=["q_proj", "v_proj"]))
+
+
+def _weights(**settings) -> float:
+    w = Workload(load_spec(str(TINY)), method="qlora", quant="nf4", precision="bf16", **settings).validate()
+    return model_states(states_key(w)).weights
+
+
+def test_kbit_preparation_adds_exactly_the_fp32_upcast():
+    on, off = _qlora(True), _qlora(False)
+    floating = lambda m: [p for p in m.parameters() if p.__class__.__name__ != "Params4bit"]
+    assert {p.dtype for p in floating(on)} == {torch.float32}
+    assert {p.dtype for p in floating(off) if not p.requires_grad} == {torch.bfloat16}
+    assert {p.dtype for p in floating(off) if p.requires_grad} == {torch.float32}   # peft's fp32 adapters
+    real = _bytes(on.parameters()) - _bytes(off.parameters())
+    assert real > 0
+    assert _weights(kbit_prep="on") - _weights(kbit_prep="off") == real
+
+
+def test_kbit_auto_follows_the_stack():
+    spec = load_spec("llama-3.1-8b")
+    qlora = Workload(spec, method="qlora", quant="nf4").validate()
+    assert regime(qlora).kbit_prep                                   # HF Trainer + peft, one GPU
+    assert regime(qlora.with_(gpus=2, zero=2)).kbit_prep              # DDP-like ZeRO-2 keeps it
+    assert not regime(qlora.with_(gpus=2, zero=3)).kbit_prep          # TRL: sharded QLoRA skips it
+    assert not regime(qlora.with_(gpus=2, fsdp="full")).kbit_prep
+    assert regime(qlora.with_(gpus=2, fsdp="full", kbit_prep="on")).kbit_prep
+    assert not regime(qlora.with_(kbit_prep="off")).kbit_prep
+    assert not regime(Workload(spec, method="lora").validate()).kbit_prep
+    for w in (qlora, qlora.with_(gpus=2, zero=3)):
+        assert any("kbit preparation" in note for note in regime(w).notes)
+    assert regime(qlora.with_(kbit_prep="on")).notes == ()            # given, not decided: no note
+
+
+def test_kbit_off_lowers_the_peak_and_drops_autocast_casts():
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("llama-3.1-8b"), method="qlora", quant="nf4", batch=2, seq=2048,
+                 grad_ckpt=True).validate()
+    on, off = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(kbit_prep="off"), 0.0, 0)
+    assert off.autocast_weight_cache_bytes == 0 < on.autocast_weight_cache_bytes
+    assert off.activations_bytes < on.activations_bytes   # bf16 residual stream instead of fp32
+    assert off.peak_allocated_bytes < on.peak_allocated_bytes
+
+
+def test_kbit_on_needs_a_quantized_training_base():
+    spec = load_spec("llama-3.2-1b")
+    for settings in ({"method": "lora"}, {"method": "full"}):
+        with pytest.raises(InputError, match="kbit-prep on"):
+            Workload(spec, kbit_prep="on", **settings).validate()
+
+
+def _cast_like_deepspeed(model, dtype=torch.bfloat16):
+    """DeepSpeed's own module cast under a bf16 section (engine.py `_cast_module_mixed_precision`,
+    called by `_configure_distributed_model` when bf16 is enabled and the model is not zero.Init's)."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    DeepSpeedEngine._cast_module_mixed_precision(SimpleNamespace(module=model), dtype, None, False, None)
+    return model
+
+
+def test_deepspeed_bf16_casts_lora_adapters_to_half():
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(TINY)), dtype=torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=16, target_modules=["q_proj", "v_proj"]))
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
+    _cast_like_deepspeed(model)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    w = Workload(load_spec(str(TINY)), method="lora", zero=1, precision="bf16").validate()
+    states = model_states(states_key(w))
+    assert states.weights == _bytes(model.parameters())
+    adapters = lora_params(w, count_params(w.model))
+    assert states.master == 4 * adapters                    # ZeRO's fp32 master of the adapters
+    assert any("DeepSpeed bf16 section" in note for note in regime(w).notes)
+
+
+def test_deepspeed_bf16_casts_an_amp_model_to_half():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(TINY)), dtype=torch.float32)
+    _cast_like_deepspeed(model)
+    w = Workload(load_spec(str(TINY)), method="full", zero=1, precision="amp-bf16").validate()
+    states = model_states(states_key(w))
+    assert states.weights == _bytes(model.parameters())
+    assert states.master == 2 * states.weights                # fp32 master of every bf16 parameter
+
+
+def test_zero3_lora_gathers_the_frozen_largest_layer_without_a_gradient():
+    spec = load_spec("llama-3.1-8b")
+    full = Workload(spec, method="full", zero=3, gpus=8).validate()
+    lora = Workload(spec, method="lora", zero=3, gpus=8).validate()
+    largest = count_params(spec).largest_layer
+    from estimator.defaults import overhead
+
+    buckets = (overhead("zero_reduce_bucket_elements") + overhead("zero3_prefetch_bucket_elements")) * 2
+    assert model_states(states_key(full)).zero_buffers == buckets + 4 * largest   # bf16 params + grads
+    assert model_states(states_key(lora)).zero_buffers == buckets + 2 * largest   # bf16 params only
+
+
+# ---- Liger Kernel (linkedin/Liger-Kernel ead96b6, read in its code; not installed here) ---------
+
+def _layer_and_loss(**settings) -> tuple[int, int]:
+    from estimator import activations as act
+
+    w = Workload(load_spec(str(TINY)), method="lora", precision="bf16", **settings).validate()
+    key = act.activation_key(w)
+    return act.layer_bytes_per_token(key), act.logits_saved_per_token(key)
+
+
+def test_liger_saves_less_per_layer_and_no_logits():
+    hidden, width, vocab = 64, 176, 1000          # tests/data/tiny-llama.json
+    plain_layer, plain_loss = _layer_and_loss()
+    liger_layer, liger_loss = _layer_and_loss(liger=True)
+    # ops/rms_norm.py saves X (bf16 here) and an fp32 rstd where transformers' RMSNorm keeps the
+    # fp32 upcast input: 2 B less per element, two norms per layer; ops/swiglu.py saves gate and up
+    # only (the SiLU output is recomputed): one bf16 intermediate less
+    assert plain_layer - liger_layer == 2 * 2 * hidden + 2 * width
+    # fused linear cross-entropy keeps its input's gradient (bf16, hidden wide), not log_softmax's fp32 output
+    assert (plain_loss, liger_loss) == (4 * vocab, 2 * hidden)
+
+
+def test_liger_on_an_unpatched_family_changes_nothing_and_says_so():
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("gpt2"), method="full", batch=2, seq=512).validate()
+    assert estimate_memory(w.with_(liger=True), 0.0, 0) == estimate_memory(w, 0.0, 0)
+    assert any("no kernels for model_type gpt2" in note for note in regime(w.with_(liger=True)).notes)
+
+
+def test_liger_removes_the_logits_from_the_peak():
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("llama-3.1-8b"), method="lora", batch=4, seq=4096, grad_ckpt=True).validate()
+    plain, liger = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(liger=True), 0.0, 0)
+    # the fp32 B x T x vocab loss tensors (12 B x 128256 per token at their backward peak) are gone
+    assert plain.peak_allocated_bytes - liger.peak_allocated_bytes > 0.9 * 12 * 128256 * 4 * 4096
+
+
+# ---- activation offloading, pipeline-parallel KV cache -------------------------------------------
+
+def test_activation_offload_moves_all_but_two_layers_to_the_host():
+    from estimator.activations import activation_key, layer_bytes_per_token
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("llama-3.1-8b"), method="lora", batch=2, seq=2048).validate()
+    off, on = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(activation_offload=True), 0.0, 0)
+    per_layer = layer_bytes_per_token(activation_key(w)) * 2 * 2048
+    assert on.host_bytes == (32 - 2) * per_layer
+    assert off.activations_bytes - on.activations_bytes == on.host_bytes
+    assert on.peak_allocated_bytes < off.peak_allocated_bytes
+
+
+def test_pipeline_parallel_inference_divides_the_kv_cache():
+    from estimator.memory import estimate_memory
+
+    w = Workload(load_spec("llama-3.1-8b"), method="inference", batch=8, seq=4096, new_tokens=128).validate()
+    one, two = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(gpus=2, pp=2), 0.0, 0)
+    assert two.kv_cache_bytes * 2 == one.kv_cache_bytes          # 16 of 32 layers' cache per stage
+    odd = estimate_memory(w.with_(gpus=3, pp=3), 0.0, 0)
+    assert odd.kv_cache_bytes == one.kv_cache_bytes * 11 // 32  # the busiest stage holds ceil(32/3) layers
