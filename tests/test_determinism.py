@@ -37,6 +37,7 @@ CHOICES = {
     "lora_rank": (8, 16, 256), "lora_targets": (("q_proj", "v_proj"), ALL_LINEAR, ("o_proj", "down_proj")),
     "grad_ckpt": (False, True), "attn": ATTENTIONS, "quant": QUANTS, "double_quant": (True, False),
     "gpus": (1, 2, 8), "nodes": (1, 2), "zero": ZERO_STAGES, "offload": OFFLOADS, "tp": (1, 2), "pp": (1, 2),
+    "compiled": (False, True),
 }
 # A table with every factor, so the calibrated path (and its caches) is in the answers too.
 TABLE = {"schema": SCHEMA, "gpu": GPU, "factors": {
