@@ -182,23 +182,40 @@ def decode_floor_seconds(w: Workload) -> float:
     return math.ceil(w.model.num_layers / w.pp) * time_constant(name)
 
 
-def decode_step_seconds(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,
-                        memory: MemoryBreakdown, cached: int) -> float:
-    """One decode step for the whole batch with `cached` tokens in the cache (module docstring)."""
+@dataclass(frozen=True)
+class DecodeParts:
+    """One decode step (whole batch): bytes streamed, the launch floor, the time outside both
+    (eager attention over the expanded cache, tensor-parallel all-reduces) and the quantized
+    weights' slowdown. step = (max(moved / achieved bandwidth, floor, flops bound) + extra) x slowdown."""
+
+    moved_bytes: float
+    floor_s: float
+    extra_s: float
+    slowdown: float
+
+
+def decode_parts(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown, cached: int) -> DecodeParts:
     a = w.activation_dtype_bytes
-    bw = gpu.memory_bandwidth_bytes_per_s
     weights = memory.weights_bytes
-    if w.quant != "none":   # the half-precision step, times the measured slowdown below
+    if w.quant != "none":   # the half-precision step, times the measured slowdown
         weights = count_params(w.model).total / (w.tp * w.pp) * a
     moved = weights + kv_cache_bytes(w.model, w.batch, cached, a, w.tp)
-    step = max(moved / (bw * bandwidth_fraction), decode_floor_seconds(w),
-               decode_flops_per_token(w, cached) / (peak_flops(gpu, w) * hfu))
+    extra = 0.0
     if not w.compiled:      # K and V broadcast to the query heads, once per layer
         expanded = attention_flops_per_token(w.model, cached) / 2 * a * w.batch / w.tp
-        step += expanded / (bw * time_constant("decode_attention_bandwidth_fraction_eager"))
+        extra += expanded / (gpu.memory_bandwidth_bytes_per_s * time_constant("decode_attention_bandwidth_fraction_eager"))
     if w.tp > 1:
-        step += 2 * w.model.num_layers / w.pp * time_constant("tp_allreduce_latency_s")
-    return step * _slowdown(w)
+        extra += 2 * w.model.num_layers / w.pp * time_constant("tp_allreduce_latency_s")
+    return DecodeParts(moved, decode_floor_seconds(w), extra, _slowdown(w))
+
+
+def decode_step_seconds(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,
+                        memory: MemoryBreakdown, cached: int) -> float:
+    """One decode step for the whole batch with `cached` tokens in the cache (`DecodeParts`)."""
+    d = decode_parts(w, gpu, memory, cached)
+    bound = max(d.moved_bytes / (gpu.memory_bandwidth_bytes_per_s * bandwidth_fraction), d.floor_s,
+                decode_flops_per_token(w, cached) / (peak_flops(gpu, w) * hfu))
+    return (bound + d.extra_s) * d.slowdown
 
 
 def inference_time(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,

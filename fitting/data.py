@@ -19,7 +19,9 @@ predictions `raw_<quantity>`; components `acts`, `logits`, `temps` (unrounded), 
 the function the estimator's assembly uses: training forward/backward and optimizer step,
 inference prefill and dequantized weight), `paged`; time inputs `hw_flops`
 (hardware FLOPs per optimizer step), `peak_flops` (FLOP/s), `exposed_comm_s`, `prefill_flops`,
-`decode_bytes` (bytes read per generated token), `bandwidth` (bytes/s); versions.
+`decode_bytes` (bytes read per generated token), `bandwidth` (bytes/s), `optimizer_s` and
+`overhead_s` (the step's parts outside compute), `decode_floor_s`, `decode_extra_s` and
+`decode_slowdown` (estimator.timing.DecodeParts); versions.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from estimator.api import estimate
 from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.flops import prefill_flops, training_flops
-from estimator.memory import kv_cache_bytes, working_sets
+from estimator.memory import working_sets
+from estimator.timing import decode_floor_seconds, decode_parts
 from estimator.params import count_params
 from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
 from estimator.quantities import QUANTITIES as _MEASURED
@@ -229,14 +232,17 @@ def _features(w: Workload, gpu_slug: str, row) -> dict:
         "temps": float(parts.optimizer_temporaries), "paged": float(m.paged_optimizer_bytes),
         "persistent": float(persistent), "fwd": float(first), "step": float(second),
         "peak_flops": peak_flops(gpu, w), "exposed_comm_s": t.exposed_comm_s,
+        "optimizer_s": t.optimizer_s, "overhead_s": t.overhead_s,
+        "decode_floor_s": 0.0 if w.training else decode_floor_seconds(w), "decode_extra_s": 0.0,
+        "decode_slowdown": 1.0,
         "bandwidth": float(gpu.memory_bandwidth_bytes_per_s),
         "hw_flops": w.grad_accum * training_flops(w).hardware_flops if w.training else 0.0,
         "prefill_flops": 0.0 if w.training else prefill_flops(w), "decode_bytes": 0.0,
     }
     if not w.training and w.new_tokens:
-        mid = w.seq + w.new_tokens // 2
-        out["decode_bytes"] = float(m.weights_bytes + kv_cache_bytes(w.model, w.batch, mid,
-                                                                    w.activation_dtype_bytes, w.tp))
+        d = decode_parts(w, gpu, m, w.seq + w.new_tokens // 2)
+        out.update(decode_bytes=float(d.moved_bytes), decode_floor_s=d.floor_s, decode_extra_s=d.extra_s,
+                   decode_slowdown=d.slowdown)
     for q in _MEASURED:
         out[f"m_{q}"] = _num(row.get(q, ""))
     if not w.training and w.new_tokens == 0 and math.isnan(out["m_prefill_s"]):

@@ -22,10 +22,11 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    from one kind of device_used reading only (`device_used_source`: nvml-process if it has
    enough points, else nvml-device-delta, else rows without a source; the other kinds' medians
    go to the notes); legacy nvml-device rows (whole-device memory) are never used.
-4. Step time [s] (`_fit_time`): per point the achieved fraction hardware FLOPs / (peak x
-   (step_s - exposed communication)); `mfu["method|size"]` and `mfu["method"]` are medians;
+4. Step time [s] (`_fit_time`): per point the achieved fraction (HFU: hardware FLOPs, recompute
+   included) hardware FLOPs / (peak x (step_s - exposed communication - optimizer step - overhead)); `mfu["method|size"]` and `mfu["method"]` are medians;
    inference: prefill FLOPs / (peak x prefill_s) ("inference-prefill") and
-   `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x s per token).
+   `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x (s per token / bitsandbytes
+   slowdown - eager attention and TP time)), on the steps above the launch floor only.
 """
 
 from __future__ import annotations
@@ -289,7 +290,7 @@ def _median_by(values: pd.Series, keys: pd.Series, low: float, high: float) -> t
 def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     mfu, points = {}, {}
     train = frame[frame["training"] & frame["m_step_s"].notna()]
-    busy = train["m_step_s"] - train["exposed_comm_s"]
+    busy = train["m_step_s"] - train["exposed_comm_s"] - train["optimizer_s"] - train["overhead_s"]
     train, busy = train[busy > 0], busy[busy > 0]
     achieved = train["hw_flops"] / (train["peak_flops"] * busy)
     sizes = train["params_active"].map(size_bucket)
@@ -298,6 +299,7 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
         mfu.update(m)
         points.update(n)
     inf = frame[~frame["training"] & frame["m_prefill_s"].notna()]
+    inf = inf[inf["m_prefill_s"] > 1.05 * inf["decode_floor_s"]]   # a prefill at the launch floor: no FLOP rate
     if len(inf):
         achieved = inf["prefill_flops"] / (inf["peak_flops"] * inf["m_prefill_s"])
         name = pd.Series("inference-prefill", index=inf.index)
@@ -308,8 +310,11 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     if mfu:
         fit.factors["mfu"], fit.points["mfu"] = mfu, points
     dec = frame[~frame["training"] & frame["m_decode_token_s"].notna() & (frame["decode_bytes"] > 0)]
+    streaming = dec["m_decode_token_s"] / dec["decode_slowdown"] - dec["decode_extra_s"]
+    bound = streaming > 1.05 * dec["decode_floor_s"]   # steps at the launch floor say nothing of bandwidth
+    dec, streaming = dec[bound], streaming[bound]
     if len(dec) >= MIN_POINTS:
-        frac = dec["decode_bytes"] / (dec["bandwidth"] * dec["m_decode_token_s"])
+        frac = dec["decode_bytes"] / (dec["bandwidth"] * streaming)
         fit.factors["decode_bandwidth_fraction"] = _r(min(1.0, max(0.05, float(np.median(frac)))))
         fit.points["decode_bandwidth_fraction"] = len(dec)
 

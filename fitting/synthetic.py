@@ -70,6 +70,8 @@ def workloads(models=MODELS) -> list[Workload]:
             out.append(Workload(spec, method="full", batch=1, seq=1024, attn="eager", grad_ckpt=True))
         for batch, seq, new in ((1, 512, 0), (8, 1024, 0), (1, 512, 128), (8, 2048, 64)):
             out.append(Workload(spec, method="inference", batch=batch, seq=seq, new_tokens=new, attn=attn))
+        # compiled decode with a static cache: bandwidth-bound, so it binds the bandwidth fraction
+        out.append(Workload(spec, method="inference", batch=8, seq=512, new_tokens=64, attn=attn, compiled=True))
         out.append(Workload(spec, method="full", zero=2, gpus=2, batch=2, seq=1024, attn=attn))
         out.append(Workload(spec, method="lora", gpus=2, batch=2, seq=2048, attn=attn))
         out.append(Workload(spec, method="full", zero=3, gpus=2, batch=1, seq=2048, attn=attn, grad_ckpt=True))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Score the estimator's time against the development set of published measurements.
 
-Rows: calibrations/measurements/published/time.csv (docs/design.md section 8: one row per published
+Rows: calibrations/measurements/published/time.csv (docs/design.md section 9: one row per published
 measurement with its locator, metric, unit, conversion and what was guessed). Only sources that
 ../shared/DATA-SOURCES.md allows are in it; rows marked `skip: ...` and rows whose GPU is not in
 estimator/data/gpus.csv are counted and left out.

@@ -10,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", "runs", "node_modules"}
+# published measurements: their locators are paths in other repositories (docs/... of those), not citations
+EXTERNAL = Path("calibrations") / "measurements" / "published"
 SUFFIXES = {".py", ".md", ".csv", ".sh", ".yaml", ".yml", ".json", ".toml", ".txt", ".cfg", ".ini"}
 DOC = re.compile(r"docs/[\w./-]+?\.md")
 # "docs/design.md section 3", "docs/design.md, section 3", "docs/design.md sections 3 and 7"
@@ -21,6 +23,8 @@ def _texts():
     for path in sorted(ROOT.rglob("*")):
         rel = path.relative_to(ROOT)
         if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
+            continue
+        if rel.is_relative_to(EXTERNAL):
             continue
         if path.is_file() and (path.suffix in SUFFIXES or rel.parts[0] == ".ci"):
             try:

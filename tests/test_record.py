@@ -29,7 +29,7 @@ EVERY_FIELD = {"method": "qlora", "precision": "amp-bf16", "optimizer": "paged-a
                "lora_targets": "all-linear", "grad_ckpt": True, "attn": "eager", "quant": "fp4",
                "double_quant": False, "gpus": 2, "nodes": 2, "zero": 3, "offload": "optimizer+params",
                "tp": 2, "pp": 2}
-INFERENCE = {"method": "inference", "new_tokens": 7, "batch": 2, "seq": 64}
+INFERENCE = {"method": "inference", "new_tokens": 7, "batch": 2, "seq": 64, "compiled": True}
 
 
 def test_every_field_case_covers_every_workload_column():

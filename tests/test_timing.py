@@ -1,0 +1,138 @@
+"""The step-time mechanisms of issue 11, each against values worked out by hand from the
+constants in estimator/data (time_constants.csv, mfu.csv, gpus.csv, interconnects.csv)."""
+
+import pytest
+
+from estimator.api import estimate
+from estimator.configs import load_spec
+from estimator.errors import InputError
+from estimator.params import count_params
+from estimator.workload import Workload
+
+A100_BW = 2039e9          # gpus.csv a100-80gb, bytes/s
+H100_BW = 3350e9
+HOST_PER_LAYER = 0.0006   # time_constants.csv decode_host_s_per_layer_eager
+LLAMA8B_PARAMS = 8_030_261_248
+KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2   # K and V x layers x kv heads x head dim x bf16 = 128 KiB
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_spec("llama-3.1-8b")
+
+
+def _decode(w, gpu="a100-80gb"):
+    return estimate(w, gpu, "none").time
+
+
+def test_eager_decode_floor_is_layers_times_host_time(llama):
+    t = _decode(Workload(llama, method="inference", seq=512, new_tokens=256))
+    assert t.decode_floor_s_per_token == pytest.approx(32 * HOST_PER_LAYER)          # 19.2 ms
+    small = load_spec("qwen3-0.6b")   # 28 layers: a smaller model has a lower floor, by its layers
+    ts = _decode(Workload(small, method="inference", seq=512, new_tokens=256))
+    assert ts.decode_floor_s_per_token == pytest.approx(28 * HOST_PER_LAYER)
+    assert ts.decode_s_per_token >= 28 * HOST_PER_LAYER
+
+
+def test_compiled_decode_is_bandwidth_bound_and_faster_than_eager(llama):
+    eager = _decode(Workload(llama, method="inference", seq=512, new_tokens=256))
+    compiled = _decode(Workload(llama, method="inference", seq=512, new_tokens=256, compiled=True))
+    moved = LLAMA8B_PARAMS * 2 + KV_PER_TOKEN * (512 + 128)     # weights + mean cache
+    assert compiled.decode_s_per_token == pytest.approx(moved / (A100_BW * 0.7), rel=1e-3)  # 11.3 ms
+    assert compiled.decode_floor_s_per_token == 0.0
+    assert eager.decode_s_per_token > 1.8 * compiled.decode_s_per_token
+
+
+def test_eager_long_context_decode_grows_faster_than_kv_bytes(llama):
+    short = _decode(Workload(llama, method="inference", seq=8192, new_tokens=2))
+    long = _decode(Workload(llama, method="inference", seq=131072, new_tokens=2))
+    # K and V expanded to the 32 query heads, over ~8 % of bandwidth (time_constants.csv)
+    extra = 2 * 32 * 4096 * 2 * (131073 - 8193) / (A100_BW * 0.08)
+    kv_only = KV_PER_TOKEN * (131073 - 8193) / (A100_BW * 0.7)
+    growth = long.decode_s_per_token - short.decode_s_per_token
+    assert growth == pytest.approx(kv_only + extra, rel=0.05)
+    assert growth > 5 * kv_only
+
+
+def test_bitsandbytes_4bit_and_int8_decode_slower_than_bf16_at_batch_1(llama):
+    base = _decode(Workload(llama, method="inference", seq=512, new_tokens=64)).decode_s_per_token
+    nf4 = _decode(Workload(llama, method="inference", seq=512, new_tokens=64, quant="nf4")).decode_s_per_token
+    int8 = _decode(Workload(llama, method="inference", seq=512, new_tokens=64, quant="int8")).decode_s_per_token
+    assert nf4 == pytest.approx(1.33 * base)     # bitsandbytes issue 611
+    assert int8 == pytest.approx(5.0 * base)     # bitsandbytes issue 490
+
+
+def test_tensor_parallel_decode_adds_two_allreduces_per_layer(llama):
+    one = _decode(Workload(llama, method="inference", seq=5, new_tokens=200, compiled=True))
+    eight = _decode(Workload(llama, method="inference", seq=5, new_tokens=200, compiled=True, gpus=8, tp=8))
+    streamed = one.decode_s_per_token / 8        # bandwidth-bound: an eighth of the bytes each
+    assert eight.decode_s_per_token == pytest.approx(streamed + 2 * 32 * 25e-6, rel=0.02)
+
+
+def test_inference_throughput_includes_the_prefill(llama):
+    t = _decode(Workload(llama, method="inference", batch=2, seq=4096, new_tokens=100, compiled=True))
+    assert t.tokens_per_s == pytest.approx(200 / (t.prefill_s + 100 * t.decode_s_per_token))
+    assert t.decode_tokens_per_s == pytest.approx(2 / t.decode_s_per_token)
+    assert t.tokens_per_s < t.decode_tokens_per_s
+
+
+def test_recompute_is_charged_once(llama):
+    plain = estimate(Workload(llama, batch=2, seq=2048), "h100-80gb", "none")
+    ckpt = estimate(Workload(llama, batch=2, seq=2048, grad_ckpt=True), "h100-80gb", "none")
+    peak = 989.4e12
+    hfu = 0.4   # mfu.csv full,h100-80gb: HFU
+    tokens = 2 * 2048
+    # hand: 6 x matmul params x tokens + attention, plus one forward of the layers with checkpointing
+    assert ckpt.time.compute_s / plain.time.compute_s == pytest.approx(1.30, abs=0.03)
+    assert plain.time.compute_s == pytest.approx(6 * LLAMA8B_PARAMS * tokens / (peak * hfu), rel=0.08)
+    # the reported MFU is on model FLOPs: the same FLOPs, a longer step
+    assert ckpt.time.model_flops_per_step == plain.time.model_flops_per_step
+    assert ckpt.time.mfu < plain.time.mfu
+
+
+def test_optimizer_step_streams_the_states(llama):
+    t = estimate(Workload(llama, batch=1, seq=512), "h100-80gb", "none").time
+    p = count_params(llama).total
+    # pure bf16 AdamW: weights 2 B (read + write), gradients 2 B (read), two bf16 moments 4 B (read + write)
+    assert t.optimizer_s == pytest.approx((2 * 2 * p + 2 * p + 2 * 4 * p) / (H100_BW * 0.7), rel=1e-6)
+    assert t.overhead_s == pytest.approx(0.02)
+    assert t.step_s == pytest.approx(t.compute_s + t.exposed_comm_s + t.optimizer_s + t.overhead_s)
+
+
+def test_exposed_comm_is_hidden_when_compute_covers_it(llama):
+    t = estimate(Workload(llama, method="lora", gpus=8, zero=3, batch=4, seq=2048), "h100-80gb", "none").time
+    assert 0 < t.exposed_comm_s < t.comm_s
+    assert t.exposed_comm_s == pytest.approx(t.comm_s * 2 / 32)   # only the first and last layers' traffic
+    assert not t.comm_bound
+
+
+def test_seventy_b_zero3_on_two_nodes_is_communication_bound():
+    w = Workload(load_spec("llama-3.1-70b"), zero=3, gpus=8, nodes=2, batch=1, seq=4096, grad_ckpt=True)
+    t = estimate(w, "h200-141gb", "none").time
+    p = count_params(w.model).total
+    ring = 15 / 16
+    hand = (2 * ring * 2 * p + ring * 2 * p) / 25e9     # gathers twice + reduce-scatter, ib-hdr 25 GB/s
+    assert t.comm_s == pytest.approx(hand, rel=1e-3)                 # the 15.9 s of the issue
+    assert t.comm_bound and t.exposed_comm_s == pytest.approx(t.comm_s - t.compute_s, rel=1e-9)
+    assert t.step_s < t.comm_s + t.compute_s                          # not both in full
+    ndr = estimate(w, "h200-141gb", "none", inter_node="ib-ndr").time
+    assert ndr.comm_s == pytest.approx(t.comm_s / 2, rel=1e-3)       # 50 GB/s: the inter-node link sets it
+    one_node = estimate(w.with_(gpus=16, nodes=1), "h200-141gb", "none").time
+    assert one_node.comm_s == pytest.approx(t.comm_s * 25e9 / 450e9, rel=1e-3)   # NVLink 450 GB/s
+
+
+def test_zero3_gathers_every_micro_batch_and_ddp_reduces_once(llama):
+    z3 = Workload(llama, method="lora", gpus=4, zero=3, batch=2, seq=1024)
+    one = estimate(z3, "h100-80gb", "none").time.comm_s
+    assert estimate(z3.with_(grad_accum=4), "h100-80gb", "none").time.comm_s == pytest.approx(4 * one)
+    ddp = Workload(llama, method="lora", gpus=4, batch=2, seq=1024)
+    d1 = estimate(ddp, "h100-80gb", "none").time.comm_s
+    assert estimate(ddp.with_(grad_accum=4), "h100-80gb", "none").time.comm_s == pytest.approx(d1)
+    # LoRA under ZeRO-3 gathers the frozen bf16 base: at least 2 x 3/4 x 16 GB over NVLink per micro-batch
+    assert one >= 2 * 0.75 * 2 * LLAMA8B_PARAMS / 450e9
+    assert one > 100 * d1
+
+
+def test_compiled_applies_to_inference_only(llama):
+    with pytest.raises(InputError, match="inference only"):
+        Workload(llama, method="lora", compiled=True).validate()
