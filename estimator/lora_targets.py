@@ -119,7 +119,7 @@ def is_all_linear(targets: tuple[str, ...]) -> bool:
     return targets == ALL_LINEAR or targets == (ALL_LINEAR_TEXT,)
 
 
-def _is_pattern(targets: tuple[str, ...]) -> bool:
+def is_pattern(targets: tuple[str, ...]) -> bool:
     return len(targets) == 1 and bool(_REGEX_CHARS.search(targets[0]))
 
 
@@ -151,7 +151,7 @@ def _moe_converted(spec: ModelSpec, targets: tuple[str, ...], every: tuple[Site,
     params = [site for i in layers for site in _moe_params(spec, i)]
     if is_all_linear(targets):
         leaves = {x.name.rpartition(".")[2] for x in every if x.kind == "linear"} | set(mapping)
-    elif _is_pattern(targets):
+    elif is_pattern(targets):
         pattern = _compile(targets[0])
         keys = [x.name for x in every] + [x.name.removesuffix(".weight") for x in params if x.kind == "router"]
         keys += [x.name for x in params]
@@ -185,7 +185,7 @@ def _compile(pattern: str) -> re.Pattern:
 def matched(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Site, ...]:
     """The sites peft puts an adapter on for `targets` (InputError when nothing matches, as peft raises)."""
     every = sites(spec)
-    if spec.model_type in _MOE_MAPPING and (is_all_linear(targets) or _is_pattern(targets)
+    if spec.model_type in _MOE_MAPPING and (is_all_linear(targets) or is_pattern(targets)
                                             or any(t.rpartition(".")[2] in _MOE_MAPPING[spec.model_type]
                                                    for t in targets)):
         found = _moe_converted(spec, targets, every)
@@ -193,7 +193,7 @@ def matched(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Site, ...]:
             return found
     if is_all_linear(targets):
         return tuple(s for s in every if s.kind == "linear")
-    if _is_pattern(targets):
+    if is_pattern(targets):
         pattern = _compile(targets[0])
         found = tuple(s for s in every if pattern.fullmatch(s.name))
     else:
