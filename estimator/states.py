@@ -215,6 +215,15 @@ def _optimizer_temporaries(key: StatesKey, trained: Training, params: ParamCount
     return 2 * largest * trained.state_bytes     # single-tensor loop: two temporaries, largest param
 
 
+def deepspeed_buckets(hidden_size: int) -> tuple[int, int]:
+    """(reduce bucket, stage-3 prefetch bucket) in elements, as the HF integration fills DeepSpeed's
+    `"auto"` values from the model's hidden size (transformers 5.23 integrations/deepspeed.py
+    `trainer_config_finalize`, lines 232-241: hidden^2 and int(0.9 hidden^2)); profiler/zero.py
+    configures the same sizes. DeepSpeed's own defaults (5e8 and 5e7, overheads.csv) apply only to a
+    config that sets neither."""
+    return hidden_size * hidden_size, int(0.9 * hidden_size * hidden_size)
+
+
 @dataclass(frozen=True)
 class States:
     sizes: Sizes
@@ -265,8 +274,9 @@ def model_states(key: StatesKey) -> States:
     if stage == 3 and key.offload == "none":  # stage 3 makes fp32 gradients one sub-group at a time
         limit = overhead("zero3_sub_group_elements") + params.largest_layer / dp
         fp32_grad = min(fp32_grad, 4 * limit) if trained.deepspeed_half else fp32_grad
+    reduce_bucket, prefetch_bucket = deepspeed_buckets(key.model.hidden_size)
     if stage >= 1:  # DeepSpeed allocates its reduce bucket at every stage, whatever the model size
-        buffers = overhead("zero_reduce_bucket_elements") * trained.param_bytes
+        buffers = reduce_bucket * trained.param_bytes
     if stage >= 2:
         grads = grads / dp
     if stage == 3:
@@ -275,7 +285,7 @@ def model_states(key: StatesKey) -> States:
         # layer is a frozen tensor (usually the embedding): gathered, with no gradient
         per_element = 2 * trained.param_bytes if key.method == "full" else key.regime.base_bytes
         buffers += (params.largest_layer / (key.tp * key.pp)) * per_element
-        buffers += overhead("zero3_prefetch_bucket_elements") * trained.param_bytes
+        buffers += prefetch_bucket * trained.param_bytes
     if stage == 0 and dp > 1:
         buffers = grads  # DDP copies gradients into its own buckets (gradient_as_bucket_view=False)
     host = 0.0
