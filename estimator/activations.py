@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
+from estimator.lora_targets import trained_roles
 from estimator.model import ModelSpec
-from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
@@ -74,6 +74,7 @@ class ActivationKey(NamedTuple):
     kbit_prep: bool = False    # peft's kbit preparation ran (fp32 residual stream), estimator.regimes
     adapter_bytes: int = 4     # dtype LoRA adapters compute in (peft: fp32; FSDP/DeepSpeed: half)
     liger: bool = False        # Liger Kernel's fused linear cross-entropy (no logits)
+    lora_adapters: int = 0     # LoRA adapters per decoder layer (estimator.lora_targets)
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -82,9 +83,10 @@ def activation_key(w: Workload) -> ActivationKey:
     half module compute in half with no autocast casts)."""
     rg = regime(w)
     precision = rg.activation_precision
-    return ActivationKey(w.model, w.method, precision, w.attn, w.lora_targets, w.lora_rank, w.quant,
+    roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
+    return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
-                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger)
+                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters)
 
 
 @dataclass(frozen=True)
@@ -333,16 +335,7 @@ def _adapter_bytes(key: ActivationKey, dt: Dtypes) -> int:
     """LoRA: each adapter's lora_B saves lora_A's rank-wide output (half under autocast)."""
     if key.method not in ("lora", "qlora"):
         return 0
-    return _adapted_per_layer(key.model, key.lora_targets) * key.lora_rank * (
-        dt.compute if dt.autocast else key.adapter_bytes)
-
-
-@lru_cache(maxsize=256)
-def _adapted_per_layer(spec: ModelSpec, targets: tuple[str, ...]) -> int:
-    """Adapted linears per decoder layer (on average): targets the model lacks adapt nothing
-    (`q_proj` on DeepSeek-V3, `q_a_proj` on Llama), fused experts are not nn.Linear."""
-    adapted = sum(lin.count for lin in count_params(spec).linears if lin.role in targets and not lin.expert)
-    return adapted // spec.num_layers
+    return key.lora_adapters * key.lora_rank * (dt.compute if dt.autocast else key.adapter_bytes)
 
 
 def mlp_width(spec: ModelSpec) -> tuple[int, float]:
@@ -364,7 +357,7 @@ def outside_layers_bytes_per_token(key: ActivationKey) -> int:
     dt, hidden = dtypes(key), spec.hidden_size
     trains = key.method == "full"
     total = norm_bytes(key, trains) if spec.final_norm else 0
-    total += _input_bytes(key, dt, ("lm_head",) if trains else (), dt.residual) * hidden
+    total += _input_bytes(key, dt, ("lm_head",), dt.residual) * hidden   # trained, or an adapter on it
     if spec.embed_norm:
         total += norm_bytes(key, trains)
     if _dropout(spec, "embed"):

@@ -29,6 +29,7 @@ import math
 from typing import NamedTuple
 
 from estimator.defaults import overhead
+from estimator.lora_targets import adapter_shapes
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts
 
@@ -84,13 +85,11 @@ def model_tensors(spec: ModelSpec, params: ParamCounts) -> list[Tensor]:
     return out
 
 
-def adapter_tensors(params: ParamCounts, rank: int, targets: tuple) -> list[Tensor]:
-    """peft LoRA's lora_A (rank x d_in) and lora_B (d_out x rank) of every targeted linear."""
+def adapter_tensors(spec: ModelSpec, rank: int, targets: tuple) -> list[Tensor]:
+    """peft LoRA's lora_A (rank x d_in) and lora_B (d_out x rank) of every targeted module."""
     out = []
-    for lin in params.linears:
-        if lin.role in targets and not lin.expert:
-            out += [Tensor(rank, lin.d_in, lin.count, "adapter", lin.role),
-                    Tensor(lin.d_out, rank, lin.count, "adapter", lin.role)]
+    for d_in, d_out, n in adapter_shapes(spec, targets):
+        out += [Tensor(rank, d_in, n, "adapter"), Tensor(d_out, rank, n, "adapter")]
     return out
 
 

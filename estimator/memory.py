@@ -41,6 +41,7 @@ from estimator import activations as act
 from estimator.activations import ActivationKey, activation_key
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
+from estimator.regimes import regime
 from estimator.states import Sizes, Training, local_sizes, model_states, states_key
 from estimator.units import MiB
 from estimator.workload import Workload
@@ -324,6 +325,18 @@ def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
     return working
 
 
+def _fsdp_unsharded_grads(w: Workload, trained: Training) -> float:
+    """FSDP2 under gradient accumulation: accelerate's `no_sync` calls
+    `set_requires_gradient_sync(False)` (accelerate 1.15.0 accelerator.py line 1167) and FSDP2 keeps
+    each parameter's unsharded gradient (compute dtype) from one micro-batch to the next
+    (torch fsdp/_fully_shard/_fsdp_param.py `accumulate_unsharded_grad_if_needed`): the whole
+    model's trainable parameters, unsharded, in the forward/backward of every micro-batch but the first."""
+    if w.fsdp == "none":
+        return 0.0
+    unsharded = trained.trainable * regime(w).fsdp_shard     # the shards times the shard group
+    return unsharded * (2 if regime(w).fsdp_mixed else 4)
+
+
 def _head_grad_bytes(sizes: Sizes, trained: Training) -> float:
     """The lm_head (or tied embedding) weight gradient, in the parameter dtype."""
     return (sizes.head if sizes.head else sizes.embed) * trained.param_bytes
@@ -440,7 +453,7 @@ def components(w: Workload) -> Components:
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
     acts, casts = forward_backward.activations, forward_backward.casts
     logits = max(0.0, forward_backward.total - acts - casts - quant_workspace)
-    accumulated = states.gradients if w.grad_accum > 1 else 0.0
+    accumulated = states.gradients + _fsdp_unsharded_grads(w, trained) if w.grad_accum > 1 else 0.0
     fwd_bwd = acts + logits + casts + quant_workspace + accumulated
     # once the gradients are (nearly) complete: the optimizer's temporaries, or the end of the
     # backward when that is larger and sets the peak (see the module docstring)

@@ -175,7 +175,7 @@ def _projections(spec: ModelSpec) -> list[Linear]:
 
 def _expert_block(spec: ModelSpec, linears: list[Linear]) -> int:
     """One layer's experts: transformers 5 fuses them into 3-D tensors of one module."""
-    if not spec.is_moe:
+    if not spec.is_moe or not spec.num_moe_layers:
         return 0
     per_layer = sum(lin.weight_params + lin.bias_params for lin in linears if lin.expert)
     return per_layer // spec.num_moe_layers

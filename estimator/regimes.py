@@ -60,7 +60,7 @@ def regime(w: Workload) -> Regime:
     if cached is not None:
         return cached
     cached = _regime(w.method, w.precision, w.quant, w.zero, w.fsdp, w.kbit_prep, w.offload,
-                   w.gpus, w.nodes, w.tp, w.pp, w.liger, w.model.model_type)
+                   w.gpus, w.nodes, w.tp, w.pp, w.liger, w.model.model_type, w.grad_accum > 1)
     object.__setattr__(w, "_regime", cached)
     return cached
 
@@ -80,7 +80,8 @@ def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str) -> t
 
 @lru_cache(maxsize=1024)
 def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_setting: str, offload: str,
-            gpus: int, nodes: int, tp: int, pp: int, liger_setting: bool, model_type: str) -> Regime:
+            gpus: int, nodes: int, tp: int, pp: int, liger_setting: bool, model_type: str,
+            accumulating: bool = False) -> Regime:
     notes: list[str] = []
     liger = liger_setting and model_type in LIGER_MODEL_TYPES
     if liger_setting and not liger:
@@ -122,6 +123,9 @@ def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_
                 notes.append(f"FSDP mixed precision ({compute}): accelerate upcasts the trainable parameters to fp32 "
                              f"(sharded, with fp32 gradients and optimizer states); compute copies are all-gathered in "
                              f"{compute} and gradients reduce-scattered in {compute}")
+        if accumulating:
+            notes.append("FSDP with gradient accumulation: accelerate's no_sync keeps every unsharded gradient "
+                         "between micro-batches (FSDP2 set_requires_gradient_sync(False))")
         if offload == "optimizer":
             notes.append("FSDP CPU offload (CPUOffloadPolicy) moves parameter, gradient and optimizer shards "
                          "together: --offload optimizer is modelled as optimizer+params")

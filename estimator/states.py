@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from estimator import fsdp
 from estimator.defaults import overhead
+from estimator.lora_targets import adapter_shapes
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.regimes import Regime, regime
@@ -89,10 +90,9 @@ def local_sizes(key: StatesKey | Workload, params: ParamCounts) -> Sizes:
 
 
 def lora_params(w: Workload | StatesKey, params: ParamCounts) -> int:
-    """Adapter parameters: r x (d_in + d_out) per targeted linear (fused MoE experts excluded,
-    as peft targets only nn.Linear modules in transformers 5)."""
-    return sum(w.lora_rank * (lin.d_in + lin.d_out) * lin.count
-               for lin in params.linears if lin.role in w.lora_targets and not lin.expert)
+    """Adapter parameters: r x (d_in + d_out) per module peft targets (estimator.lora_targets: fused
+    MoE experts are not nn.Linear modules in transformers 5 and are never targeted)."""
+    return sum(w.lora_rank * (d_in + d_out) * n for d_in, d_out, n in adapter_shapes(w.model, w.lora_targets))
 
 
 def _base_dtype_bytes(key: StatesKey) -> int:
@@ -153,8 +153,8 @@ def _trainable_tensors(key: StatesKey, params: ParamCounts) -> list[tuple[int, i
     """(elements, how many) of every trainable tensor: the granularity of 8-bit optimizers."""
     spec = key.model
     if key.method != "full":
-        return [tensor for lin in params.linears if lin.role in key.lora_targets and not lin.expert
-                for tensor in ((key.lora_rank * lin.d_in, lin.count), (key.lora_rank * lin.d_out, lin.count))]
+        return [tensor for d_in, d_out, n in adapter_shapes(spec, key.lora_targets)
+                for tensor in ((key.lora_rank * d_in, n), (key.lora_rank * d_out, n))]
     out = [(lin.d_in * lin.d_out, lin.count) for lin in params.linears]
     out += [(lin.d_out, lin.count) for lin in params.linears if lin.bias]
     per_norm = 2 if spec.norm == "layer" else 1
@@ -191,8 +191,8 @@ def _optimizer_bytes_per_param(key: StatesKey, state_bytes: int) -> float:
 def _adafactor_state(key: StatesKey, params: ParamCounts) -> float:
     """Adafactor (no first moment) keeps fp32 row and column second moments per matrix."""
     if key.method != "full":
-        return sum(4 * (key.lora_rank + lin.d_in + key.lora_rank + lin.d_out) * lin.count
-                   for lin in params.linears if lin.role in key.lora_targets and not lin.expert)
+        return sum(4 * (key.lora_rank + d_in + key.lora_rank + d_out) * n
+                   for d_in, d_out, n in adapter_shapes(key.model, key.lora_targets))
     spec = key.model
     total = sum(4 * (lin.d_in + lin.d_out) * lin.count for lin in params.linears)
     total += 4 * (spec.vocab_size + spec.embed_dim) * (1 if spec.tied_embeddings else 2)
@@ -204,8 +204,8 @@ def _optimizer_temporaries(key: StatesKey, trained: Training, params: ParamCount
     if key.zero >= 1 or key.optimizer not in ("adamw", "sgd", "adafactor"):
         return 0.0
     largest = params.largest_layer if key.method == "full" else max(
-        (key.lora_rank * max(lin.d_in, lin.d_out) for lin in params.linears
-         if lin.role in key.lora_targets and not lin.expert), default=0)
+        (key.lora_rank * max(d_in, d_out) for d_in, d_out, _ in adapter_shapes(key.model, key.lora_targets)),
+        default=0)
     if key.optimizer == "adafactor":  # update and its factored estimate in fp32; half parameters
         return (2 + (2 if trained.param_bytes == 2 else 0)) * 4 * largest   # add fp32 grad and param copies
     if key.optimizer == "sgd" or key.adamw_impl == "fused":
@@ -213,6 +213,15 @@ def _optimizer_temporaries(key: StatesKey, trained: Training, params: ParamCount
     if key.adamw_impl == "foreach":
         return trained.trainable * trained.state_bytes  # one intermediate list the size of all params
     return 2 * largest * trained.state_bytes     # single-tensor loop: two temporaries, largest param
+
+
+def deepspeed_buckets(hidden_size: int) -> tuple[int, int]:
+    """(reduce bucket, stage-3 prefetch bucket) in elements, as the HF integration fills DeepSpeed's
+    `"auto"` values from the model's hidden size (transformers 5.23 integrations/deepspeed.py
+    `trainer_config_finalize`, lines 232-241: hidden^2 and int(0.9 hidden^2)); profiler/zero.py
+    configures the same sizes. DeepSpeed's own defaults (5e8 and 5e7, overheads.csv) apply only to a
+    config that sets neither."""
+    return hidden_size * hidden_size, int(0.9 * hidden_size * hidden_size)
 
 
 @dataclass(frozen=True)
@@ -265,8 +274,9 @@ def model_states(key: StatesKey) -> States:
     if stage == 3 and key.offload == "none":  # stage 3 makes fp32 gradients one sub-group at a time
         limit = overhead("zero3_sub_group_elements") + params.largest_layer / dp
         fp32_grad = min(fp32_grad, 4 * limit) if trained.deepspeed_half else fp32_grad
+    reduce_bucket, prefetch_bucket = deepspeed_buckets(key.model.hidden_size)
     if stage >= 1:  # DeepSpeed allocates its reduce bucket at every stage, whatever the model size
-        buffers = overhead("zero_reduce_bucket_elements") * trained.param_bytes
+        buffers = reduce_bucket * trained.param_bytes
     if stage >= 2:
         grads = grads / dp
     if stage == 3:
@@ -275,7 +285,7 @@ def model_states(key: StatesKey) -> States:
         # layer is a frozen tensor (usually the embedding): gathered, with no gradient
         per_element = 2 * trained.param_bytes if key.method == "full" else key.regime.base_bytes
         buffers += (params.largest_layer / (key.tp * key.pp)) * per_element
-        buffers += overhead("zero3_prefetch_bucket_elements") * trained.param_bytes
+        buffers += prefetch_bucket * trained.param_bytes
     if stage == 0 and dp > 1:
         buffers = grads  # DDP copies gradients into its own buckets (gradient_as_bucket_view=False)
     host = 0.0
@@ -303,7 +313,7 @@ def _fsdp_model_states(key: StatesKey, params: ParamCounts, sizes: Sizes, traine
     optimizer on the shards; buffers are the all-gathered copies and reduce-scatter inputs; CPU
     offload puts parameter, gradient and optimizer shards on the host."""
     rg, world = key.regime, key.regime.fsdp_shard
-    adapters = [] if key.method == "full" else fsdp.adapter_tensors(params, key.lora_rank, key.lora_targets)
+    adapters = [] if key.method == "full" else fsdp.adapter_tensors(key.model, key.lora_rank, key.lora_targets)
     frozen = rg.other_bytes if key.quant != "none" else rg.base_bytes
     compute = 2 if rg.fsdp_mixed else 4
     shards = fsdp.fsdp_states(key.model, params, full=key.method == "full", quant=key.quant,

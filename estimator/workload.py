@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from estimator.errors import InputError
 from estimator.tables import dtype_bytes
 from estimator.model import ModelSpec
-from estimator.params import ALL_LINEAR, MLA_ROLES
+from estimator.lora_targets import matched, targets_from_text
 
 METHODS = ("full", "lora", "qlora", "inference")
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
@@ -27,10 +27,9 @@ DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama-style mo
 
 
 def lora_targets_from_text(text: str) -> tuple[str, ...]:
-    """`lora_targets` from its text form: a comma list of module roles, or all-linear."""
-    if text.strip().lower() == "all-linear":
-        return ALL_LINEAR
-    return tuple(t.strip() for t in text.split(",") if t.strip())
+    """`lora_targets` from its text form: all-linear, one regular expression (peft's string form,
+    matched against whole module names), or a comma list of module names (estimator.lora_targets)."""
+    return targets_from_text(text)
 
 
 def method_defaults(values: dict) -> dict:
@@ -65,7 +64,9 @@ class Workload:
     grad_accum: int = field(default=1, metadata=dict(help="gradient accumulation steps", metavar="K"))
     lora_rank: int = field(default=16, metadata=dict(help="LoRA rank", metavar="R"))
     lora_targets: tuple[str, ...] = field(default=DEFAULT_LORA_TARGETS, metadata=dict(
-        help="comma list of module roles, or all-linear", metavar="q_proj,v_proj|all-linear",
+        help="module names (the model's own: q_proj,v_proj, c_attn, query_key_value, lm_head, embed_tokens), "
+             "one regular expression matched against whole module names, or all-linear (peft's rules)",
+        metavar="q_proj,v_proj|REGEX|all-linear",
         parse=lora_targets_from_text))
     grad_ckpt: bool = field(default=False, metadata=dict(help="gradient checkpointing"))
     attn: str = field(default="sdpa", metadata=dict(help="attention implementation", choices=ATTENTIONS))
@@ -157,11 +158,9 @@ def _check_choices(w: Workload) -> None:
                           ("kbit_prep", KBIT_PREPS)):
         if getattr(w, name) not in allowed:
             raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
-    unknown = [t for t in w.lora_targets if t not in ALL_LINEAR + MLA_ROLES]
-    if unknown or not w.lora_targets:
-        raise InputError(
-            f"unknown LoRA target {','.join(unknown) or '(none)'}; use module roles "
-            f"{','.join(ALL_LINEAR + MLA_ROLES)} or all-linear")
+    if not w.lora_targets or not all(isinstance(t, str) and t for t in w.lora_targets):
+        raise InputError("LoRA targets must be module names, one regular expression or all-linear; got none")
+    matched(w.model, w.lora_targets)   # InputError when no module matches, as peft raises
 
 
 def _check_sizes(w: Workload) -> None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from estimator.lora_targets import is_all_linear, is_pattern
+from estimator.regimes import regime
 from estimator.workload import Workload
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -51,8 +53,9 @@ def weight_dtype(w: Workload):
 
 
 def autocast_dtype(w: Workload):
-    """The dtype the step autocasts to, or None for no autocast."""
-    if w.amp or (w.training and w.quant != "none"):
+    """The dtype the step autocasts to, or None for no autocast (kbit preparation, when the stack
+    runs it, makes the step autocast: estimator.regimes)."""
+    if w.amp or (w.training and regime(w).kbit_prep):
         return torch_dtype(w.compute_dtype)
     return None
 
@@ -68,6 +71,8 @@ def required_packages(w: Workload) -> list[str]:
         need.append("deepspeed")
     if w.attn == "flash":
         need.append("flash_attn")
+    if regime(w).liger:
+        need.append("liger_kernel")
     return need
 
 
@@ -76,6 +81,10 @@ def check_packages(w: Workload) -> None:
     settings that need it (e.g. "bitsandbytes is not installed (needed for quant nf4)"). A
     flash_attn that is installed but does not import (a wheel built for another torch or CUDA:
     "undefined symbol") counts as missing: the configuration cannot run here, it did not fail."""
+    unbuilt = [f"{flag} {value}" for flag, value in (("fsdp", w.fsdp), ("activation_offload", w.activation_offload))
+               if value not in ("none", False)]
+    if unbuilt:   # never measured as something else: a skipped row says why
+        raise MissingPackage(f"the profiler does not build {', '.join(unbuilt)} yet (estimator only)")
     for name in required_packages(w):
         if importlib.util.find_spec(name) is None:
             raise MissingPackage(f"{name} is not installed (needed for {_needed_for(name, w)})")
@@ -102,6 +111,8 @@ def _needed_for(name: str, w: Workload) -> str:
         return f"zero {w.zero}"
     if name == "flash_attn":
         return "attn flash"
+    if name == "liger_kernel":
+        return "liger"
     reasons = [f"quant {w.quant}"] if w.quant != "none" else []
     if w.optimizer.endswith("8bit") or w.optimizer.startswith("paged"):
         reasons.append(f"optimizer {w.optimizer}")
@@ -137,6 +148,10 @@ def build_model(cfg: dict, w: Workload, device: str):
                                                  attn_implementation=_ATTN[w.attn])
     if quantized:
         _build_quantized(model, w, device)
+    if regime(w).liger:   # what the HF Trainer does with use_liger_kernel=True
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+        _apply_liger_kernel_to_instance(model=model)
     if w.grad_ckpt and w.training:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if w.method in ("lora", "qlora"):
@@ -254,13 +269,21 @@ def _bnb_linear(linear, w: Workload, device: str, std: float = 0.02):
     return new
 
 
-def lora_module_names(model, w: Workload) -> list[str]:
-    """The module names peft should target: the Workload's roles, which must exist as nn.Linear
-    (or bitsandbytes linear) leaves of the model (fused qkv layers are refused, not guessed)."""
+def lora_module_names(model, w: Workload) -> list[str] | str:
+    """What peft's `target_modules` gets: "all-linear", the Workload's one regular expression, or
+    its module names, which must name modules of the model (a Llama role the family fuses, such as
+    q_proj on GPT-2's c_attn, is refused, not guessed)."""
     import torch
+    from transformers.pytorch_utils import Conv1D
 
+    if is_all_linear(w.lora_targets):
+        return "all-linear"
+    if is_pattern(w.lora_targets):
+        return w.lora_targets[0]
     present = {name.rpartition(".")[2] for name, mod in model.named_modules()
-               if isinstance(mod, torch.nn.Linear)}
+               if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding, Conv1D))}
+    present |= {name.rpartition(".")[2] for name, _ in model.named_parameters() if "experts" in name}
+    present |= {"gate"} if w.model.is_moe else set()
     missing = [role for role in w.lora_targets if role not in present]
     if missing:
         raise ValueError(f"LoRA targets {','.join(missing)} are not linear modules of {w.model.model_type} "
@@ -271,7 +294,7 @@ def lora_module_names(model, w: Workload) -> list[str]:
 def _add_lora(model, w: Workload):
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    if w.quant != "none":
+    if w.quant != "none" and regime(w).kbit_prep:   # --kbit-prep: what the stack does (estimator.regimes)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=w.grad_ckpt,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(r=w.lora_rank, lora_alpha=2 * w.lora_rank, lora_dropout=0.0, bias="none",

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO 1/2/3 (optimizer and parameter offload) through `deepspeed.initialize`, as a
 user runs it: DeepSpeed's own AdamW (FusedAdam on the device, DeepSpeedCPUAdam with offload),
-mixed precision from the Workload, default bucket sizes.
+mixed precision from the Workload, the bucket sizes the HF Trainer fills for "auto".
 
 - `ds_config(w)`: the config dict (bf16/fp16 enabled per precision: AMP precisions mean DeepSpeed
   mixed precision, as `--bf16` does under the HF Trainer; zero_optimization stage; offload to
@@ -56,7 +56,7 @@ def use_cpu_accelerator() -> None:
 def ds_config(w: Workload, torch_adam: bool = False) -> dict:
     """DeepSpeed config dict of a ZeRO Workload (stage 1-3, offload per `w.offload`); with
     `torch_adam`, DeepSpeed's AdamW is torch.optim.AdamW instead of FusedAdam."""
-    zero: dict = {"stage": w.zero}
+    zero: dict = {"stage": w.zero, **hf_auto_buckets(w)}
     if w.offload in _OPTIMIZER_OFFLOAD:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if w.offload == "optimizer+params":
@@ -72,6 +72,20 @@ def ds_config(w: Workload, torch_adam: bool = False) -> dict:
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+
+
+def hf_auto_buckets(w: Workload) -> dict:
+    """The bucket sizes the HF Trainer fills for DeepSpeed's "auto" values (the estimator's
+    `estimator.states.deepspeed_buckets`): reduce bucket hidden^2, stage 3 prefetch 0.9 hidden^2 and
+    parameter persistence threshold 10 hidden (transformers integrations/deepspeed.py)."""
+    from estimator.states import deepspeed_buckets
+
+    reduce_bucket, prefetch_bucket = deepspeed_buckets(w.model.hidden_size)
+    out = {"reduce_bucket_size": reduce_bucket}
+    if w.zero == 3:
+        out.update(stage3_prefetch_bucket_size=prefetch_bucket,
+                   stage3_param_persistence_threshold=10 * w.model.hidden_size)
+    return out
 
 
 def check_supported(w: Workload) -> None:

@@ -1,8 +1,8 @@
 """The analytic estimator against its oracle, the fake-tensor tracer (profiler.trace.grid).
 
-The full grid (77 configurations: 6 families with one MoE; full, LoRA, QLoRA, inference;
+The full grid (86 configurations: 6 families with one MoE; full, LoRA, QLoRA, inference;
 checkpointing on and off; eager and SDPA; 3 batch x sequence sizes; bf16 and AMP) is printed by
-scripts/bench_tracer.py. CI checks TEST_SUBSET (12 configurations covering every family, method,
+scripts/bench_tracer.py. CI checks TEST_SUBSET (14 configurations covering every family, method,
 kernel, precision, checkpointing and size) with the issue's tolerances: median |error| <= 3 % and
 worst <= 10 % on the raw peak_allocated_bytes and on the saved activations (training).
 """

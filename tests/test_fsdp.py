@@ -218,3 +218,16 @@ def test_fsdp_peak_is_assembled(tmp_path):
     m = estimate_memory(w, 0.0, 0)
     assert m.zero_buffers_bytes > 0 and m.master_weights_bytes == 0
     assert m.peak_allocated_bytes < estimate_memory(w.with_(fsdp="none", gpus=1), 0.0, 0).peak_allocated_bytes / 3
+
+
+def test_gradient_accumulation_keeps_unsharded_gradients():
+    # accelerate's no_sync under FSDP2 is set_requires_gradient_sync(False): every micro-batch but
+    # the last keeps the unsharded bf16 gradients (the whole trained model) alive
+    from estimator.regimes import regime
+
+    spec = load_spec("llama-3.2-1b")
+    w = Workload(spec, method="full", fsdp="full", gpus=4, batch=1, seq=512).validate()
+    one, four = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(grad_accum=4), 0.0, 0)
+    shards = model_states(states_key(w)).gradients
+    assert four.peak_allocated_bytes - one.peak_allocated_bytes >= shards + 2 * count_params(spec).total * 0.99
+    assert any("no_sync" in note for note in regime(w.with_(grad_accum=4)).notes)

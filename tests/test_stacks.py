@@ -148,9 +148,8 @@ def test_zero3_lora_gathers_the_frozen_largest_layer_without_a_gradient():
     full = Workload(spec, method="full", zero=3, gpus=8).validate()
     lora = Workload(spec, method="lora", zero=3, gpus=8).validate()
     largest = count_params(spec).largest_layer
-    from estimator.defaults import overhead
-
-    buckets = (overhead("zero_reduce_bucket_elements") + overhead("zero3_prefetch_bucket_elements")) * 2
+    h = spec.hidden_size
+    buckets = (h * h + int(0.9 * h * h)) * 2           # the HF integration's "auto" bucket sizes, bf16
     assert model_states(states_key(full)).zero_buffers == buckets + 4 * largest   # bf16 params + grads
     assert model_states(states_key(lora)).zero_buffers == buckets + 2 * largest   # bf16 params only
 
@@ -216,3 +215,34 @@ def test_pipeline_parallel_inference_divides_the_kv_cache():
     assert two.kv_cache_bytes * 2 == one.kv_cache_bytes          # 16 of 32 layers' cache per stage
     odd = estimate_memory(w.with_(gpus=3, pp=3), 0.0, 0)
     assert odd.kv_cache_bytes == one.kv_cache_bytes * 11 // 32  # the busiest stage holds ceil(32/3) layers
+
+
+# ---- the profiler builds what the regime says --------------------------------------------------
+
+def test_profiler_follows_the_regime():
+    from profiler import build
+
+    spec = load_spec("llama-3.2-1b")
+    qlora = Workload(spec, method="qlora", quant="nf4").validate()
+    assert build.autocast_dtype(qlora) == torch.bfloat16                  # kbit preparation: autocast
+    assert build.autocast_dtype(qlora.with_(kbit_prep="off")) is None
+    assert "liger_kernel" in build.required_packages(qlora.with_(liger=True))
+    assert "liger_kernel" not in build.required_packages(Workload(load_spec("gpt2"), liger=True).validate())
+    for w in (qlora.with_(fsdp="full", gpus=2), qlora.with_(activation_offload=True)):
+        with pytest.raises(build.MissingPackage, match="does not build"):
+            build.check_packages(w)
+
+
+def test_profiler_passes_peft_its_own_target_forms():
+    from profiler import build
+
+    spec = load_spec("llama-3.2-1b")
+    lora = Workload(spec, method="lora").validate()
+    assert build.lora_module_names(None, lora.with_(lora_targets=lora_targets_text("all-linear"))) == "all-linear"
+    assert build.lora_module_names(None, lora.with_(lora_targets=(r".*\.q_proj",))) == r".*\.q_proj"
+
+
+def lora_targets_text(text):
+    from estimator.workload import lora_targets_from_text
+
+    return lora_targets_from_text(text)

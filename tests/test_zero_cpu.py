@@ -70,14 +70,17 @@ def world1():
 def test_config_follows_the_workload():
     w = Case(TINY, {"zero": 3, "offload": "optimizer+params", "batch": 2, "grad_accum": 4}).workload()
     cfg = zero.ds_config(w)
-    assert cfg["zero_optimization"] == {"stage": 3,
+    # bucket sizes: what the HF Trainer fills for "auto" from hidden_size 64 (transformers
+    # integrations/deepspeed.py: hidden^2, int(0.9 hidden^2), 10 hidden)
+    assert cfg["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 4096, "stage3_prefetch_bucket_size": 3686,
+                                        "stage3_param_persistence_threshold": 640,
                                         "offload_optimizer": {"device": "cpu", "pin_memory": True},
                                         "offload_param": {"device": "cpu", "pin_memory": True}}
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (2, 4)
     assert cfg["bf16"] == {"enabled": True} and cfg["fp16"] == {"enabled": False}
     assert cfg["optimizer"]["type"] == "AdamW"
     opt = zero.ds_config(Case(TINY, {"zero": 2, "offload": "optimizer"}).workload())["zero_optimization"]
-    assert opt == {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    assert opt == {"stage": 2, "reduce_bucket_size": 4096, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     fp16 = zero.ds_config(Case(TINY, {"zero": 1, "precision": "amp-fp16"}).workload())
     assert fp16["fp16"] == {"enabled": True} and fp16["bf16"] == {"enabled": False}
     fp32 = zero.ds_config(Case(TINY, {"zero": 1, "precision": "fp32"}).workload())

@@ -90,7 +90,29 @@ def _states(m) -> int:
     return m.weights_bytes + m.gradients_bytes + m.optimizer_states_bytes + m.master_weights_bytes
 
 
-PREFETCH_BYTES = overhead("zero3_prefetch_bucket_elements") * 2  # bf16 prefetch bucket
+
+
+def _hf_auto(hub_id: str, stage: int) -> dict:
+    """The zero_optimization section the HF Trainer resolves from "auto" values for this model
+    (transformers' own HfTrainerDeepSpeedConfig.trainer_config_finalize, sized from hidden_size)."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    cfg, _ = load_config(hub_id)
+    config = HfTrainerDeepSpeedConfig({"zero_optimization": {
+        "stage": stage, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto"}})
+    hidden = AutoConfig.for_model(**cfg).hidden_size
+    config.trainer_config_finalize(SimpleNamespace(get_warmup_steps=lambda n: 0),
+                                   SimpleNamespace(config=SimpleNamespace(hidden_size=hidden)), 1)
+    return config.config["zero_optimization"]
+
+
+def _buckets(hub_id: str, stage: int) -> int:
+    """bf16 bytes of the reduce bucket (and, stage 3, the prefetch bucket) as resolved by the HF Trainer."""
+    zero = _hf_auto(hub_id, stage)
+    return 2 * zero["reduce_bucket_size"] + (2 * zero["stage3_prefetch_bucket_size"] if stage == 3 else 0)
 
 
 @pytest.mark.parametrize("hub_id", MODELS)
@@ -151,9 +173,11 @@ def test_zero12_reduce_bucket(hub_id, gpus, nodes, zero):
     # dtype (stage_1_and_2.py setup_buckets, `buf_0`) whatever the model size; a second one only
     # with overlap_comm, which defaults to False below stage 3 (zero/config.py overlap_comm_valid).
     # Checked on CPU with DeepSpeed 0.19.8, stages 1 and 2, reduce_bucket_size 1e6 on a model of
-    # 202,048 params: one bf16 buffer of 1,000,000 elements. Expected: 2 x 5e8 bytes.
+    # 202,048 params: one bf16 buffer of 1,000,000 elements. Expected: 2 B x the size the HF Trainer
+    # resolves for "auto" (hidden^2; DeepSpeed's 5e8 default applies only without the integration).
     m = _mem(hub_id, zero, gpus, nodes)
-    assert m.zero_buffers_bytes == 2 * REDUCE_BUCKET
+    # Size: the HF integration's "auto" (hidden^2 elements), not DeepSpeed's 5e8 default.
+    assert m.zero_buffers_bytes == _buckets(hub_id, zero) < 2 * REDUCE_BUCKET
 
 
 @pytest.mark.parametrize("hub_id,gpus,nodes", CASES, ids=CASE_IDS)
@@ -248,7 +272,7 @@ def test_zero3_gather_working_set_and_buckets(hub_id, gpus, nodes):
     P, L = _ds_inputs(hub_id)
     _, _, ds_largest = estimate_zero3_model_states_mem_needs(P, L, gpus, nodes, cpu_offload=False)
     m = _mem(hub_id, 3, gpus, nodes)
-    assert m.zero_buffers_bytes == ds_largest + PREFETCH_BYTES + 2 * REDUCE_BUCKET
+    assert m.zero_buffers_bytes == ds_largest + _buckets(hub_id, 3)
 
 
 @pytest.mark.parametrize("offload", ["optimizer", "optimizer+params"])

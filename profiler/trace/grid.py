@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
+from estimator.lora_targets import is_all_linear
 from estimator.memory import estimate_memory, saved_activation_bytes
 from profiler.case import Case
 from profiler.trace.step import trace
@@ -74,9 +75,29 @@ def _qlora() -> list[Case]:
     return cases
 
 
+def _stacks() -> list[Case]:
+    """Single-process regimes of the training stacks (issue 13): QLoRA without peft's kbit
+    preparation (TRL's path), and LoRA targets given as the model's own module names, all-linear,
+    a regular expression and lm_head (peft's matching)."""
+    cases = []
+    for i, model in enumerate(_QLORA):
+        batch, seq = SIZES[(i + 1) % len(SIZES)]
+        attn = "eager" if "gemma-2" in model else "sdpa"
+        cases.append(Case(model, dict(method="qlora", quant="nf4", kbit_prep="off", batch=batch, seq=seq,
+                                      grad_ckpt=not i % 2, attn=attn), warmup=1, steps=1))
+    for model, settings in (
+            ("openai-community/gpt2-medium", dict(lora_targets="c_attn", batch=2, seq=1024)),
+            ("openai-community/gpt2-medium", dict(lora_targets="all-linear", grad_ckpt=True)),
+            ("microsoft/phi-2", dict(lora_targets="all-linear")),
+            ("meta-llama/Llama-3.2-1B", dict(lora_targets=r".*\.(q|v)_proj", batch=2, seq=1024)),
+            ("meta-llama/Llama-3.2-1B", dict(lora_targets="q_proj,v_proj,lm_head", batch=4, seq=2048))):
+        cases.append(Case(model, dict(method="lora", **settings), warmup=1, steps=1))
+    return cases
+
+
 def grid() -> list[Case]:
-    """Every configuration of the grid (training, QLoRA, inference)."""
-    return _training() + _qlora() + _inference()
+    """Every configuration of the grid (training, QLoRA, inference, the stacks' regimes)."""
+    return _training() + _qlora() + _inference() + _stacks()
 
 
 # The subset the test suite checks: every family, every method, both kernels, both precisions,
@@ -95,6 +116,8 @@ TEST_SUBSET = (
     Case("openai-community/gpt2-medium", dict(method="full", batch=4, seq=1024, attn="eager")),
     Case("Qwen/Qwen1.5-MoE-A2.7B", dict(method="lora", batch=1, seq=512)),
     Case("Qwen/Qwen1.5-MoE-A2.7B", dict(method="inference", batch=2, seq=1024, new_tokens=16)),
+    Case("meta-llama/Llama-3.2-1B", dict(method="qlora", quant="nf4", kbit_prep="off", batch=2, seq=1024)),
+    Case("openai-community/gpt2-medium", dict(method="lora", lora_targets="c_attn", batch=2, seq=1024)),
 )
 
 
@@ -124,6 +147,11 @@ def describe(case: Case) -> str:
              f"{s.get('batch', 1)}x{s.get('seq', 512)}", s.get("attn", "sdpa")]
     if s.get("grad_ckpt"):
         parts.append("ckpt")
+    if s.get("kbit_prep"):
+        parts.append(f"kbit-prep {s['kbit_prep']}")
+    if s.get("lora_targets"):
+        targets = case.workload().lora_targets
+        parts.append("targets " + ("all-linear" if is_all_linear(targets) else ",".join(targets)))
     return " ".join(parts)
 
 
