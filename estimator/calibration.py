@@ -44,7 +44,9 @@ from types import MappingProxyType
 
 from estimator import tables
 from estimator.defaults import overhead
+from estimator import schema as sch
 from estimator.errors import InputError
+from estimator.files import parse_json
 from estimator.units import GiB
 from estimator.memory import Components, Corrections, MemoryBreakdown, assemble
 from estimator.workload import Workload
@@ -75,6 +77,35 @@ DEVICE_INDEPENDENT = ("activation_scale", "inference_activation_scale", "logits_
 _TOP_KEYS = {"schema", "gpu", "created", "fitter", "versions", "provenance", "range", "factors",
              "factor_points", "cv_error", "upper_bound", "notes"}
 _METRIC_KEYS = ("median_abs", "p90_abs", "under_rate")
+# Every field's type (fitting/calibration_table.py `build` writes them); factors are checked by
+# _validate_factors with their ranges. Extra statistics a fit adds must be typed here first.
+_ERRORS = sch.Obj({"median_abs": sch.NUM, "p90_abs": sch.NUM, "under_rate": sch.NUM,
+                      "signed_median": sch.NUM, "points": int, "models": int, "sources": int},
+                     optional=("signed_median", "points", "models", "sources"))
+_TABLE_SCHEMA = sch.Obj({
+    "schema": str, "gpu": str, "created": str, "fitter": str,
+    "versions": sch.Map(sch.List(str)),
+    "provenance": sch.Obj({
+        "runs": sch.List(sch.Obj({"file": str, "path": str, "sha256": str, "rows": int, "used": int,
+                                        "first": str, "last": str},
+                                       optional=("file", "path", "used", "first", "last"))),
+        "points": int, "points_by_quantity": sch.Map(int), "models": int,
+        "versions": sch.Map(sch.Map(int)), "dates": sch.List(str)},
+        optional=("runs", "points", "points_by_quantity", "models", "versions", "dates")),
+    "range": sch.Obj({"params_total": sch.Pair(sch.NUM), "tokens": sch.Pair(sch.NUM),
+                         "methods": sch.Map(int), "model_types": sch.Map(int), "attn": sch.Map(int),
+                         "world_sizes": sch.List(int), "models": sch.List(str)},
+                        optional=("params_total", "tokens", "methods", "model_types", "attn", "world_sizes",
+                                  "models")),
+    "factor_points": sch.Map(sch.Either(int, sch.Map(int))),
+    "cv_error": sch.Map(sch.Obj({**_ERRORS.keys, "uncalibrated": sch.Optional(_ERRORS)},
+                                      optional=_ERRORS.optional + ("uncalibrated",))),
+    "upper_bound": sch.Map(sch.Obj({"factor": sch.NUM, "quantile": sch.NUM, "coverage": sch.NUM,
+                                          "points": int, "models": int, "sources": int},
+                                         optional=("quantile", "points", "models", "sources"))),
+    "notes": sch.List(str),
+}, optional=("created", "fitter", "versions", "provenance", "range", "factor_points", "cv_error", "upper_bound",
+             "notes"))
 SIZE_BUCKETS = ((1e9, "<1B"), (1e10, "1-10B"), (1e11, "10-100B"), (math.inf, ">=100B"))
 
 
@@ -393,9 +424,10 @@ def validate_table(data: dict, path, gpu_slug: str | None = None) -> None:
     if "factors" not in data:
         raise _fail(path, "has no factors")
     _validate_factors(data["factors"], path)
-    for name in ("versions", "provenance", "range", "factor_points", "cv_error", "upper_bound"):
-        if name in data and not isinstance(data[name], dict):
-            raise _fail(path, f"{name} must be an object")
+    try:
+        sch.check(_TABLE_SCHEMA, {k: v for k, v in data.items() if k != "factors"}, "table")
+    except InputError as exc:
+        raise _fail(path, str(exc).removeprefix("table.")) from None
     _validate_stats(data, path)
 
 
@@ -422,10 +454,10 @@ def _load(path: str, gpu_slug: str, refuse_foreign: bool) -> Calibration:
 def _parse(shown: str, raw: bytes, gpu_slug: str, refuse_foreign: bool) -> Calibration:
     """The Calibration of a table's bytes (`shown`: the resolved path it reports)."""
     try:
-        data = json.loads(raw.decode())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise InputError(f"calibration {shown} is corrupt: {getattr(exc, 'msg', exc)}{where}") from None
+        data = parse_json(raw, shown, "calibration")
+    except InputError as exc:
+        reason = str(exc).removeprefix(f"malformed calibration {shown}: ")
+        raise InputError(f"calibration {shown} is corrupt: {reason}") from None
     validate_table(data, shown, gpu_slug if refuse_foreign else None)
     return Calibration.from_table(data, shown, gpu_slug)
 

@@ -8,11 +8,11 @@ the estimator itself never imports torch or transformers).
 from __future__ import annotations
 
 import csv
-import json
 from functools import lru_cache
 from pathlib import Path
 
 from estimator.errors import InputError
+from estimator.files import parse_json
 from estimator.model import ModelSpec, spec_from_config
 
 CATALOG_DIR = Path(__file__).with_name("catalog")
@@ -47,12 +47,7 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _parse_json(raw: bytes, shown: str) -> dict:
-    try:
-        cfg = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed config {shown}: {exc.msg} at line {exc.lineno}") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"malformed config {shown}: {exc.reason}") from None
+    cfg = parse_json(raw, shown, "config")
     if not isinstance(cfg, dict):
         raise InputError(f"malformed config {shown}: not a JSON object")
     return cfg
@@ -75,8 +70,57 @@ def _quiet_hub_logging() -> None:
         pass
 
 
+HUB_PROBE_S = 1.5     # how long to wait for a TCP connection to the Hub before calling it offline
+HUB_PATIENCE_S = 3.0  # after this, a lookup still running says what it waits for
+
+
+def _hub_reachable(timeout_s: float = HUB_PROBE_S) -> bool:
+    """Whether a TCP connection to the Hub (HF_ENDPOINT, default huggingface.co:443) opens within
+    `timeout_s`. Name resolution has no timeout of its own, so the probe runs in a daemon thread."""
+    import os
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    result = []
+
+    def probe():
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return bool(result and result[0])
+
+
+def _from_cache(model_id: str) -> dict:
+    """The config.json of `model_id` in the local Hugging Face cache (no network), or InputError."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        cached = try_to_load_from_cache(model_id, "config.json")
+    except ImportError:
+        cached = None
+    except Exception as exc:  # an invalid repo id, a broken cache folder: one line either way
+        raise InputError(f"cannot look up '{model_id}' in the Hugging Face cache: {exc}") from None
+    if not isinstance(cached, str):
+        raise InputError(f"cannot load config of '{model_id}': the Hugging Face Hub is unreachable (offline) "
+                         f"and the id is not in the local cache nor the catalog; pass its config.json as a path")
+    return _read_json(Path(cached))
+
+
 def _from_hub(model_id: str) -> dict:
-    """AutoConfig from the Hub (or the local HF cache); every failure becomes one clear line."""
+    """AutoConfig from the Hub, or the local cache when the Hub is unreachable (checked in at most
+    HUB_PROBE_S); every failure becomes one clear line; a slow answer says what it waits for."""
+    if not _hub_reachable():
+        return _from_cache(model_id)
     try:
         from transformers import AutoConfig  # lazy: only hub ids pay for it
     except ImportError:
@@ -84,7 +128,8 @@ def _from_hub(model_id: str) -> dict:
                              "transformers is not installed to ask the Hub") from None
     _quiet_hub_logging()
     try:
-        cfg = AutoConfig.from_pretrained(model_id, trust_remote_code=False)
+        cfg = _waiting(lambda: AutoConfig.from_pretrained(model_id, trust_remote_code=False),
+                       f"waiting for the Hugging Face Hub to answer for '{model_id}' (Ctrl-C stops)")
     except ValueError as exc:
         if "trust_remote_code" in str(exc) or "custom code" in str(exc):
             raise InputError(f"'{model_id}' needs remote code, which is not run; pass its "
@@ -97,6 +142,20 @@ def _from_hub(model_id: str) -> dict:
     except Exception as exc:  # network stacks raise many types; the user needs one line
         raise InputError(f"cannot load config of '{model_id}': {type(exc).__name__}: {exc}") from None
     return cfg.to_dict()
+
+
+def _waiting(call, message: str):
+    """call(), printing `message` on stderr once if it takes longer than HUB_PATIENCE_S."""
+    import sys
+    import threading
+
+    timer = threading.Timer(HUB_PATIENCE_S, lambda: print(message, file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        return call()
+    finally:
+        timer.cancel()
 
 
 def _source(model: str) -> tuple[Path | None, str]:

@@ -1,4 +1,9 @@
-"""Atomic file writes and the UTC timestamp: the one copy every package uses (standard library only).
+"""Atomic file writes, reading JSON the user gave us, and the UTC timestamp: the one copy every
+package uses (standard library only).
+
+`parse_json(raw, shown)` is how every JSON file a user hands us is read (configs, calibration
+tables, sweep and run files): strict UTF-8, no NaN/Infinity literals, no integer longer than 400
+digits, nesting at most 64 deep; anything else is one InputError line naming the file.
 
 Atomic: the content goes to a temporary file in the target's folder, is flushed and fsync'ed,
 then `os.replace`d over the target, and the folder is fsync'ed so the rename itself survives a
@@ -14,6 +19,55 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
+
+
+MAX_JSON_DEPTH = 64          # real configs and tables nest 4-6 deep
+MAX_JSON_INT_DIGITS = 400
+
+
+def _constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _depth(value, limit: int) -> int:
+    """Nesting depth of a parsed value, iteratively (stops counting past `limit`)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_json(raw: bytes | str, shown: str, what: str = "file"):
+    """The JSON value of `raw` (bytes are decoded as strict UTF-8), or InputError: "malformed
+    <what> <shown>: <reason>". Never raises anything else."""
+    from estimator.errors import InputError
+
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as exc:
+        raise InputError(f"malformed {what} {shown}: not UTF-8 text (byte {exc.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_constant, parse_int=_int)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed {what} {shown}: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise InputError(f"malformed {what} {shown}: nested more than {MAX_JSON_DEPTH} deep") from None
+    except ValueError as exc:
+        raise InputError(f"malformed {what} {shown}: {exc}") from None
+    if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise InputError(f"malformed {what} {shown}: nested more than {MAX_JSON_DEPTH} deep")
+    return value
 
 
 def utc_now() -> str:

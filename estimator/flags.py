@@ -97,6 +97,28 @@ def add_workload_flags(parser, help: dict[str, str] | None = None) -> None:
         flag.add_to(parser, help.get(flag.field))
 
 
+def bounded(name: str, integer: bool = False, low: float = 0.0, low_open: bool = True) -> Callable[[str], object]:
+    """An argparse type for a job number: finite, above `low` and within estimator/data/limits.csv
+    (NaN, infinity or 10^12 hours are refused in one line naming the limit)."""
+    from estimator.limits import check_count, check_number
+
+    def parse(text: str):
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {'an integer' if integer else 'a number'}") \
+                from None
+        try:
+            if integer:
+                return check_count(name, value, "value", low=int(low) + (1 if low_open else 0))
+            return check_number(name, value, "value", low=low, low_open=low_open)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name    # argparse names the type in "invalid <name> value"
+    return parse
+
+
 def given(args: argparse.Namespace) -> dict:
     """Workload keyword arguments of the workload flags given on the command line (parsed values;
     `model` is the reference string as given)."""

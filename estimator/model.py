@@ -8,10 +8,11 @@ defaults of the transformers 5.23 config class of that `model_type`.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, fields
 from functools import cached_property
 
 from estimator.errors import InputError
+from estimator.limits import check_count, limit
 
 
 @dataclass(frozen=True)
@@ -554,6 +555,9 @@ def spec_from_config(cfg: dict, name: str = "") -> ModelSpec:
     if not isinstance(cfg, dict):
         raise InputError("a model config must be a JSON object")
     mt = cfg.get("model_type")
+    if not isinstance(mt, str):
+        raise InputError(f"malformed config: model_type must be text, got {type(mt).__name__}")
+    _check_counts_before_building(cfg)
     if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
         raise InputError(
             "gemma3 multimodal configs are not modelled (vision tower); use the text-only "
@@ -562,12 +566,71 @@ def spec_from_config(cfg: dict, name: str = "") -> ModelSpec:
     if builder is None:
         raise InputError(
             f"model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    shown = name if isinstance(name, str) and name else cfg.get("_name_or_path")
     try:
-        spec = builder(cfg, name or cfg.get("_name_or_path") or mt)
-    except (TypeError, KeyError) as exc:
-        raise InputError(f"malformed {mt} config: {exc}") from None
+        spec = builder(cfg, shown if isinstance(shown, str) and shown else mt)
+    except InputError:
+        raise
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        # a field of the wrong type or an impossible value reached the mapping's arithmetic
+        raise InputError(f"malformed {mt} config: {type(exc).__name__}: {exc}") from None
+    _check_types(spec)
     _check_positive(spec)
     return spec
+
+
+# config keys that size per-layer or per-expert structures, checked before anything is built
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _check_counts_before_building(cfg: dict) -> None:
+    for sub in (cfg, cfg.get("text_config")):
+        if not isinstance(sub, dict):
+            continue
+        for keys, limit_name in ((_LAYER_KEYS, "num_layers"), (_EXPERT_KEYS, "num_experts")):
+            for key in keys:
+                value = sub.get(key)
+                if value is not None:
+                    check_count(limit_name, value, f"malformed config: {key}", low=0)
+        if isinstance(sub.get("layer_types"), list) and len(sub["layer_types"]) > limit("num_layers"):
+            raise InputError(f"malformed config: layer_types has {len(sub['layer_types'])} entries")
+
+
+def _check_types(spec: ModelSpec) -> None:
+    """Every field of the built spec has its declared type (a config may hold anything)."""
+    for f in fields(spec):
+        value = getattr(spec, f.name)
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        elif kind == "str":
+            ok = isinstance(value, str)
+        elif kind == "int | None":
+            ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+        elif kind.startswith("tuple[bool"):
+            ok = isinstance(value, tuple) and all(isinstance(v, bool) for v in value)
+        elif kind.startswith("tuple[str"):
+            ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+        else:
+            ok = True
+        if not ok:
+            raise InputError(f"malformed config: {f.name} must be {kind}, got {value!r}"[:200])
+        if kind in ("int", "int | None") and value is not None and value < 0:
+            raise InputError(f"malformed config: {f.name} must not be negative, got {value}")
+    for field_name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_dim", "intermediate_size",
+                       "num_experts"):
+        check_count(field_name, getattr(spec, field_name), f"malformed config: {field_name}",
+                    low=0 if field_name == "num_experts" else 1)
+    check_count("num_heads", spec.num_kv_heads, "malformed config: num_kv_heads")
+    for field_name in ("moe_intermediate_size", "shared_expert_intermediate_size", "embed_dim"):
+        check_count("intermediate_size", getattr(spec, field_name), f"malformed config: {field_name}", low=0)
+    if spec.experts_per_token > max(spec.num_experts, 0):
+        raise InputError(f"malformed config: {spec.experts_per_token} experts per token of {spec.num_experts}")
+    if len(spec.layer_types) not in (0, spec.num_layers) or len(spec.moe_layer_flags) not in (0, spec.num_layers):
+        raise InputError("malformed config: per-layer lists do not have one entry per layer")
 
 
 def _check_positive(spec: ModelSpec) -> None:

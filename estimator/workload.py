@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from estimator.errors import InputError
+from estimator.limits import check_count, limit
 from estimator.tables import dtype_bytes
 from estimator.model import ModelSpec
 from estimator.lora_targets import matched, targets_from_text
@@ -165,11 +166,10 @@ def _check_choices(w: Workload) -> None:
 
 def _check_sizes(w: Workload) -> None:
     for name in ("batch", "seq", "grad_accum", "lora_rank", "gpus", "nodes", "tp", "pp"):
-        value = getattr(w, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{name} must be a positive integer; got {value!r}")
-    if not isinstance(w.new_tokens, int) or w.new_tokens < 0:
-        raise InputError(f"new_tokens must be a non-negative integer; got {w.new_tokens!r}")
+        check_count(name, getattr(w, name))       # positive and within estimator/data/limits.csv
+    check_count("new_tokens", w.new_tokens, low=0)
+    if w.seq + w.new_tokens > limit("seq"):
+        raise InputError(f"seq + new_tokens = {w.seq + w.new_tokens:,} tokens exceeds {limit('seq'):,.0f}")
 
 
 def _check_method(w: Workload) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from estimator.calibration import SCHEMA, TRACE_GPU, table_path, validate_table
 from estimator.errors import InputError
-from estimator.files import atomic_write_text, utc_now
+from estimator.files import atomic_write_text, parse_json, utc_now
 from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
 from estimator.versions import VERSION_COLUMNS
 from fitting.cv import CvResult
@@ -120,11 +120,14 @@ def read(path: Path, gpu: str | None = None) -> dict | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TableError(f"cannot read calibration {path}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise TableError(f"calibration {path} is corrupt: {exc.msg} at line {exc.lineno}; move it away "
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TableError(f"cannot read calibration {path}: {exc.strerror}") from None
+    try:
+        data = parse_json(raw, str(path), "calibration")
+    except InputError as exc:
+        reason = str(exc).removeprefix(f"malformed calibration {path}: ")
+        raise TableError(f"calibration {path} is corrupt: {reason}; move it away "
                          f"or restore it from git before refreshing") from None
     return validate(data, path, gpu)
 

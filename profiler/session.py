@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from estimator import tables
+from estimator import calibration, tables
+from estimator.calibration import TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.files import utc_now
 from estimator.versions import RUN_PACKAGES, library_versions
@@ -304,10 +305,26 @@ def refresh_calibration(results_path: Path, gpu_slug: str | None, no_refresh: bo
     return getattr(result, "text", None) or f"calibration refresh: {result}"
 
 
+def check_plan(request: Request, the_plan: Plan) -> None:
+    """Before anything is written: something is left to run, and every calibration table the run
+    reads (--calibration) or would refresh (calibrations/<gpu>.json) is readable and valid."""
+    if not the_plan.cases:
+        reasons = "; ".join(f"{n} x {why}" for why, n in the_plan.expansion.reasons().most_common(3))
+        raise InputError(f"nothing to run: every configuration of sweep {the_plan.sweep.name} was dropped"
+                         + (f" ({reasons})" if reasons else ""))
+    slug = the_plan.slug or TRACE_PREDICTION_GPU
+    calibration.resolve(request.calibration, slug)      # a corrupt or foreign table: InputError now
+    if the_plan.slug and request.refresh:
+        from fitting import calibration_table
+        calibration_table.read(calibration_table.default_path(the_plan.slug), the_plan.slug)
+
+
 def run(request: Request, log: Log = stderr_line) -> Outcome:
-    """The whole session: plan, run folder, work, compare, refresh."""
+    """The whole session: plan, run folder, work, compare, refresh. Every input is checked before
+    the run folder is made (a refused run leaves the file system as it was)."""
     check(request)
     the_plan = plan(request, log)
+    check_plan(request, the_plan)
     store, sweep_copy = open_store(request.run_dir, request.results_format, the_plan)
     mode = "search" if request.search else "sweep"
     index = store.log_invocation(invocation(request.command, mode, the_plan, sweep_copy))

@@ -27,11 +27,11 @@ are profiler.record's: `record.parse_value` reads each cell back).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from estimator import schema as sch
 from estimator.errors import InputError
-from estimator.files import atomic_write, atomic_write_json, atomic_write_text, utc_stamp
+from estimator.files import atomic_write, atomic_write_json, atomic_write_text, parse_json, utc_stamp
 from profiler import record
 from profiler.case import Case
 from profiler.record import COLUMN_NAMES, check_row
@@ -46,14 +46,21 @@ def _to_cell(value):
     return value
 
 
+# run.json: {"invocations": [{...}, ...]}, each invocation an object (session.invocation writes them)
+_RUN_JSON = sch.Obj({"invocations": sch.List(sch.Map(sch.ANY))})
+
+
 # ---- the store --------------------------------------------------------------------------------
 
 class RunStore:
     """Rows of one run folder, held in memory and rewritten atomically after each change."""
 
     def __init__(self, run_dir: str | Path, fmt: str | None = None):
+        """Open (and check) a run folder. Everything it holds is read and validated before the
+        folder is created or anything in it changes: a refused folder is left as it was."""
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise InputError(f"--run {self.run_dir} is a file, not a run folder")
         found = [f for f in ("csv", "parquet") if (self.run_dir / f"results.{f}").exists()]
         self.fmt = fmt or (found[0] if found else "csv")
         if self.fmt not in ("csv", "parquet"):
@@ -62,8 +69,13 @@ class RunStore:
             raise InputError(f"{self.run_dir} holds results.{found[0]}: resume it in that format")
         if self.fmt == "parquet":
             _require_pyarrow()
-        self._clean_temporaries()
         self._rows: list[dict] = self._read()
+        self._run_json()                      # a corrupt run.json is refused now, not after writing
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot create run folder {self.run_dir}: {exc.strerror}") from None
+        self._clean_temporaries()
 
     @property
     def path(self) -> Path:
@@ -86,10 +98,24 @@ class RunStore:
                 frame = pd.read_parquet(self.path).astype("string").fillna("")
         except Exception as exc:  # a corrupt table is bad input: say which file
             raise InputError(f"cannot read results {self.path}: {exc}") from None
+        unknown = sorted(set(frame.columns) - set(COLUMN_NAMES))
+        if unknown or not {"id", "status", "backend"} <= set(frame.columns):
+            what = f"unknown columns {', '.join(map(str, unknown[:5]))}" if unknown else "no id, status or backend column"
+            raise InputError(f"cannot read results {self.path}: {what} (not a profiler results file)")
+        rows = []
         try:
-            return [{k: record.parse_value(k, v) for k, v in rec.items()} for rec in frame.to_dict("records")]
-        except InputError as exc:  # a cell not of its column's type
+            for line, rec in enumerate(frame.to_dict("records"), start=2):
+                row = {k: record.parse_value(k, v) for k, v in rec.items()}
+                if not row.get("id"):
+                    raise InputError(f"row {line} has no id")
+                try:
+                    check_row(row)
+                except ValueError as exc:
+                    raise InputError(f"row {line}: {exc}") from None
+                rows.append(row)
+        except InputError as exc:  # a cell not of its column's type, a row without an id
             raise InputError(f"cannot read results {self.path}: {exc}") from None
+        return rows
 
     def _write(self) -> None:
         import pandas as pd
@@ -189,9 +215,13 @@ class RunStore:
         if not path.exists():
             return {"invocations": []}
         try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path} is corrupt: {exc.msg} at line {exc.lineno}") from None
+            data = parse_json(path.read_bytes(), str(path), "run file")
+            sch.check(_RUN_JSON, data, "run.json")
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror}") from None
+        except InputError as exc:
+            raise InputError(f"{path} is corrupt: {exc}") from None
+        return data
 
 
 def default_run_dir(label: str, parent: str | Path = "runs") -> Path:

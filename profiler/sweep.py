@@ -46,6 +46,7 @@ from estimator import tables
 from estimator.api import estimate
 from estimator.configs import load_spec
 from estimator.errors import InputError
+from estimator.files import parse_json
 from estimator.units import gib
 from estimator.workload import Workload, method_defaults
 from profiler.case import Case
@@ -106,19 +107,24 @@ class Expansion:
 
 def _parse_text(text: str, path: Path) -> object:
     if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"sweep {path}: malformed JSON: {exc.msg} at line {exc.lineno}") from None
+        return parse_json(text, str(path), "sweep")
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
+    except RecursionError:
+        raise InputError(f"sweep {path}: malformed YAML: nested too deep") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"sweep {path}: malformed YAML: {problem}{where}") from None
+    # YAML is a superset of JSON: the same limits (depth, NaN, huge integers) through one owner
+    try:
+        return parse_json(json.dumps(value, default=str), str(path), "sweep")
+    except (ValueError, RecursionError):
+        raise InputError(f"sweep {path}: malformed YAML: values JSON cannot hold (NaN, infinity or too deep)") \
+            from None
 
 
 def _mapping(value, what: str, path: Path) -> dict:
@@ -185,12 +191,22 @@ def load_sweep(path: str | Path) -> Sweep:
     """Read a sweep file (.yaml/.yml or .json); every problem is one InputError line."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise InputError(f"sweep file not found: {path}") from None
     except OSError as exc:
         raise InputError(f"cannot read sweep {path}: {exc.strerror}") from None
-    return sweep_from_dict(_parse_text(text, path), path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"sweep {path}: not UTF-8 text (byte {exc.start})") from None
+    data = _parse_text(text, path)
+    try:
+        return sweep_from_dict(data, path)
+    except InputError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        raise InputError(f"sweep {path}: malformed: {type(exc).__name__}: {exc}"[:300]) from None
 
 
 # ---- expansion --------------------------------------------------------------------------------

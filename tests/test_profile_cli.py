@@ -91,7 +91,7 @@ def bad_inputs(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["--model", "no-such-model-anywhere"], "unknown model"),
         (["--model", str(TINY), "--method", "qlora", "--precision", "fp32"], "QLoRA with fp32"),
         (["--model", str(TINY), "--gpu", "no-such-gpu"], "no-such-gpu"),
-        (["--model", str(TINY), "--batch", "0"], "batch must be a positive integer"),
+        (["--model", str(TINY), "--batch", "0"], "batch must be between 1 and"),
         ([str(tmp_path / "field.yaml"), "--model", str(TINY)], "not both"),
         (["--model", str(TINY), "--timeout", "-3"], "--timeout"),
         (["--model", str(TINY), "--calibration", str(tmp_path / "nope.json")], "calibration file not found"),

@@ -156,7 +156,7 @@ def test_model_paths_resolve_against_the_sweep_folder_then_the_repo_root(tmp_pat
 
 @pytest.mark.parametrize("name, text, words", [
     ("bad.yaml", "grid: [\n  - model: x\n", ["malformed YAML", "line"]),
-    ("bad.json", '{"grid": [', ["malformed JSON"]),
+    ("bad.json", '{"grid": [', ["malformed sweep", "Expecting value at line 1"]),
     ("s.yaml", "grid:\n  - {model: tiny.json, bacth: 2}\n", ["unknown key 'bacth'", "grid entry 1"]),
     ("s.yaml", "grids:\n  - {model: tiny.json}\n", ["unknown key 'grids'"]),
     ("s.yaml", "defaults: {batch: 2}\n", ["'grid' is missing"]),
