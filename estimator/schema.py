@@ -69,7 +69,7 @@ _NAMES = {str: "text", int: "an integer", bool: "true or false"}
 
 def describe(schema) -> str:
     """What a value of `schema` is, in words (for the error line)."""
-    if schema in _NAMES:
+    if isinstance(schema, type) and schema in _NAMES:
         return _NAMES[schema]
     if isinstance(schema, List):
         return f"a list of {describe(schema.item)}"

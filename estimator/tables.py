@@ -242,7 +242,12 @@ def _load_prices(path: Path) -> tuple[Price, ...]:
         slug = r.text("slug").lower()
         if slug not in known:
             raise r.fail("slug", f"unknown GPU '{slug}'; known: {', '.join(known)}")
-        out.append(Price(slug, r.text("provider"), r.number("usd_per_gpu_hour"),
+        price = r.number("usd_per_gpu_hour")
+        from estimator.limits import limit  # estimator.limits reads its CSV through this module
+        if price > limit("usd_per_gpu_hour"):
+            raise r.fail("usd_per_gpu_hour", f"{price:g} USD per GPU-hour is beyond sense (limit "
+                                              f"{limit('usd_per_gpu_hour'):g}, estimator/data/limits.csv)")
+        out.append(Price(slug, r.text("provider"), price,
                          r.choice("pricing", PRICINGS), *r.provenance()))
     return tuple(out)
 

@@ -29,6 +29,7 @@ from estimator import calibration, tables
 from estimator.calibration import TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.files import utc_now
+from estimator.limits import check_count, check_number
 from estimator.versions import RUN_PACKAGES, library_versions
 from profiler import runner as runner_mod
 from profiler import sweep as sweep_mod
@@ -112,10 +113,10 @@ def check(request: Request) -> None:
         raise InputError("give a sweep file or --model, not both")
     for name in ("gpus", "limit"):
         value = getattr(request, name)
-        if value is not None and value <= 0:
-            raise InputError(f"--{name} must be a positive integer; got {value}")
-    if request.timeout_s is not None and request.timeout_s <= 0:
-        raise InputError(f"--timeout must be positive seconds; got {request.timeout_s:g}")
+        if value is not None:
+            check_count(name, value, f"--{name}")
+    if request.timeout_s is not None:
+        check_number("timeout_s", request.timeout_s, "--timeout")
     unknown = set(request.search) - set(SEARCH_FIELDS)
     if unknown:
         raise InputError(f"cannot search {', '.join(sorted(unknown))}; only {', '.join(SEARCH_FIELDS)}")
@@ -323,9 +324,12 @@ def run(request: Request, log: Log = stderr_line) -> Outcome:
     """The whole session: plan, run folder, work, compare, refresh. Every input is checked before
     the run folder is made (a refused run leaves the file system as it was)."""
     check(request)
-    the_plan = plan(request, log)
+    notes: list[str] = []                   # said once the inputs passed: a refusal is one line
+    the_plan = plan(request, notes.append)
     check_plan(request, the_plan)
     store, sweep_copy = open_store(request.run_dir, request.results_format, the_plan)
+    for line in notes:
+        log(line)
     mode = "search" if request.search else "sweep"
     index = store.log_invocation(invocation(request.command, mode, the_plan, sweep_copy))
     log(f"run folder: {store.run_dir}")

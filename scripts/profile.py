@@ -49,21 +49,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-errors", action="store_true", help="run configurations that ended in error again")
     p.add_argument("--max-batch", action="store_true", help="search the largest micro-batch that fits")
     p.add_argument("--max-seq", action="store_true", help="search the longest sequence that fits")
-    p.add_argument("--timeout", type=float, help="seconds per configuration (default: the sweep's, else 600)")
+    p.add_argument("--timeout", type=flags.bounded("timeout_s"), help="seconds per configuration (default: the sweep's, else 600)")
     p.add_argument("--backend", choices=["auto", "cuda", "cpu", "trace"], default="auto")
     p.add_argument("--gpu", help="GPU slug of estimator/data/gpus.csv (default: matched to the device)")
     p.add_argument("--calibration", default="auto", help="auto, none, or a calibration table path (for compare)")
     p.add_argument("--no-refresh", action="store_true",
                    help="compare with the calibration fit but do not write calibrations/<gpu>.json")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
-    p.add_argument("--limit", type=int, help="run at most N configurations (or searches) this time")
+    p.add_argument("--limit", type=flags.bounded("limit", integer=True), help="run at most N configurations (or searches) this time")
     p.add_argument("--format", choices=["csv", "parquet"], help="results file format (default csv; parquet needs pyarrow)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     case = p.add_argument_group("a single configuration instead of a sweep (the workload flags of estimate.py)")
     flags.add_workload_flags(case, help={
         "gpus": "GPUs per node (default 1); with a sweep: the GPUs a configuration may use (cases needing more are dropped)"})
-    case.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps (default 2)")
-    case.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
+    case.add_argument("--warmup", type=flags.bounded("warmup", integer=True, low=0, low_open=False), default=2, help="untimed warm-up steps (default 2)")
+    case.add_argument("--steps", type=flags.bounded("steps", integer=True), default=5, help="timed steps (default 5)")
     return p
 
 
