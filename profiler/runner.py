@@ -369,7 +369,8 @@ class Runner:
         """Run one case in a fresh process; its rows (one per rank), never raising for what the
         child did."""
         started_at, t0 = utc_now(), time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="gpu-budget-case-") as tmp:
+        remove_stale_case_folders()
+        with tempfile.TemporaryDirectory(prefix=f"{CASE_FOLDER_PREFIX}{os.getpid()}-") as tmp:
             work = Path(tmp)
             logs = Path(self.log_dir) if self.log_dir else work
             logs.mkdir(parents=True, exist_ok=True)
@@ -382,6 +383,25 @@ class Runner:
             failure = failure_message(rc, timed_out, self.timeout_s, problem, stderr_path)
             known = self._known(case, started_at, time.monotonic() - t0)
             return collect_rows(case, raw_rows, known, failure)
+
+
+CASE_FOLDER_PREFIX = "gpu-budget-case-"
+
+
+def remove_stale_case_folders(parent: str | None = None) -> list[Path]:
+    """Remove the case folders (tempdir/gpu-budget-case-<pid>-*) of profiler processes that no
+    longer run: a parent killed with SIGKILL cannot clean its own. Folders of living processes
+    are left alone. Returns what was removed."""
+    import shutil
+
+    removed = []
+    for folder in Path(parent or tempfile.gettempdir()).glob(f"{CASE_FOLDER_PREFIX}*-*"):
+        pid_text = folder.name[len(CASE_FOLDER_PREFIX):].split("-", 1)[0]
+        if not pid_text.isdigit() or not folder.is_dir() or psutil.pid_exists(int(pid_text)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 # ---- a sweep ------------------------------------------------------------------------------------

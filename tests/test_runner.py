@@ -322,3 +322,42 @@ def test_launcher_variables_from_the_shell_do_not_reach_children(monkeypatch, tm
     env = json.loads(out.read_text())
     assert env["KEEP_ME"] == "1"
     assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_RUN_ID"} & set(env)
+
+
+# ---- temporary case folders (issue 10 item 5) ---------------------------------------------------
+
+@pytest.mark.parametrize("body, timeout_s", [
+    ("write([{'status': 'ok', 'backend': a.backend, 'step_s': 0.1}])", 30),       # ok
+    ("write([{'status': 'oom', 'backend': a.backend, 'message': 'CUDA out of memory'}])", 30),
+    ("sys.exit(3)", 30),                                                          # crash
+    ("os.kill(os.getpid(), signal.SIGKILL)", 30),                                 # killed
+    ("time.sleep(60)", 1),                                                        # timeout
+])
+def test_the_case_folder_is_removed_however_the_configuration_ends(tmp_path, monkeypatch, body, timeout_s):
+    import tempfile
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    cmd = child(tmp_path, "print(os.path.dirname(a.case))\n" + body)
+    (r,) = Runner(child_cmd=cmd, timeout_s=timeout_s).run(case())
+    assert r["status"] in ("ok", "oom", "error")
+    assert list(temp.iterdir()) == []
+
+
+def test_case_folders_of_dead_profilers_are_removed_and_living_ones_kept(tmp_path):
+    import os
+    import subprocess
+
+    from profiler.runner import CASE_FOLDER_PREFIX, remove_stale_case_folders
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    stale = tmp_path / f"{CASE_FOLDER_PREFIX}{int(dead.stdout)}-abc"
+    living = tmp_path / f"{CASE_FOLDER_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "someone-elses-folder"
+    for folder in (stale, living, other):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "case.json").write_text("{}")
+    assert remove_stale_case_folders(str(tmp_path)) == [stale]
+    assert not stale.exists() and living.exists() and other.exists()
