@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 
 from estimator import tables
+from estimator.bounds import safe_bound
+from estimator.bounds import verdict as verdict_of
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
 from estimator.memory import Components, MemoryBreakdown, components
 from estimator.states import lora_params
@@ -53,6 +55,27 @@ class Estimate:
         return self.memory.device_used_bytes <= self.gpu.memory_bytes
 
     @property
+    def safe(self) -> dict:
+        """The safe upper bound of peak allocated, peak reserved and device used memory, with its
+        coverage and source (estimator.bounds)."""
+        cached = self.__dict__.get("_safe")
+        if cached is None:
+            outside = any("far outside" in text for text in self.warnings)
+            cached = safe_bound(self.memory, self.calibration, outside)
+            object.__setattr__(self, "_safe", cached)
+        return cached
+
+    @property
+    def verdict(self) -> str:
+        """fits (the bound fits), tight (the point fits, the bound does not), does not fit."""
+        return verdict_of(self.memory.device_used_bytes, self.safe["device_used_bytes"], self.gpu.memory_bytes)
+
+    @property
+    def safe_fits(self) -> bool:
+        """What the planners plan on: the safe bound of device used memory fits the GPU."""
+        return self.verdict == "fits"
+
+    @property
     def headroom_bytes(self) -> int:
         return self.gpu.memory_bytes - self.memory.device_used_bytes
 
@@ -91,6 +114,7 @@ class Estimate:
         w, p = self.workload, count_params(self.workload.model)
         trainable = p.total if w.method == "full" else (lora_params(w, p) if w.training else 0)
         memory = self.memory.to_dict()
+        memory["safe"] = {k: v for k, v in self.safe.items() if k != "factors"}
         memory["raw"] = {k: getattr(self.raw_memory, k) for k in
                          ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "activations_bytes")}
         bound = self.upper_bound
@@ -106,6 +130,7 @@ class Estimate:
             "memory": memory,
             "time": time,
             "fits": self.fits,
+            "verdict": self.verdict,
             "headroom_bytes": self.headroom_bytes,
             "dominant": [k for k, _ in self.dominant()],
             "regime": list(self.regime_notes),

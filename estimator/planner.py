@@ -45,11 +45,15 @@ def gpus_needed(w: Workload, slug: str, calibration: str = "auto") -> Estimate |
         except InputError:
             return None  # tensor parallel no longer divides the heads
         result = estimate(candidate, slug, calibration)
-        if result.fits:
+        if result.safe_fits:
             return result
         if w.training and w.zero == 0 and w.offload == "none":
             return None
     return None
+
+
+PLANNED_ON = ("the safe bound of device used memory (the estimate x its bound factor: the calibration's "
+              "held-out coverage, or the uncalibrated default; estimator/bounds.py)")
 
 
 @dataclass(frozen=True)
@@ -66,9 +70,9 @@ class FitRow:
 
 
 def advice(result: Estimate, calibration: str = "auto") -> list[str]:
-    """Changes that would make a workload fit (tried one at a time), as command-line flags, when it
-    does not; last, how many GPUs it needs."""
-    if result.fits:
+    """Changes that would make a workload's safe bound fit (tried one at a time), as command-line
+    flags, when it does not; last, how many GPUs it needs."""
+    if result.safe_fits:
         return []
     w, slug = result.workload, result.gpu.slug
     tries = []
@@ -77,6 +81,9 @@ def advice(result: Estimate, calibration: str = "auto") -> list[str]:
     if w.batch > 1:
         tries.append((f"--batch {max(1, w.batch // 2)} --grad-accum {w.grad_accum * 2}",
                       dict(batch=max(1, w.batch // 2), grad_accum=w.grad_accum * 2)))
+    if w.batch > 2:   # the same samples per step, one at a time
+        tries.append((f"--batch 1 --grad-accum {w.grad_accum * w.batch}",
+                      dict(batch=1, grad_accum=w.grad_accum * w.batch)))
     if w.training and w.batch > 1 and not w.grad_ckpt:
         tries.append((f"--grad-ckpt --batch 1 --grad-accum {w.grad_accum * w.batch}",
                       dict(grad_ckpt=True, batch=1, grad_accum=w.grad_accum * w.batch)))
@@ -89,13 +96,20 @@ def advice(result: Estimate, calibration: str = "auto") -> list[str]:
         tries.append(("--method qlora", dict(method="qlora", quant="nf4")))
     if w.method == "inference" and w.quant == "none":
         tries.append(("--quant nf4", dict(quant="nf4")))
-    out = []
+    out, tight = [], []
     for flag, change in tries:
+        if flag.startswith("--batch") and any(o.startswith("--batch") for o in out):
+            continue                      # halving the batch already fits: batch 1 is not news
         try:
-            if estimate(w.with_(**change), slug, calibration).fits:
-                out.append(flag)
+            trial = estimate(w.with_(**change), slug, calibration)
         except InputError:
             continue
+        if trial.safe_fits:
+            out.append(flag)
+        elif trial.verdict == "tight":
+            tight.append(f"{flag} (tight: fits, its safe bound does not)")
+    if not out:
+        out += tight
     need = gpus_needed(w, slug, calibration)
     if need is not None:
         out.append(f"{need.workload.world_size} x {slug}"
@@ -143,12 +157,12 @@ def _largest(fits, low: int, high: int) -> int:
 
 def max_batch(w: Workload, slug: str, calibration: str = "auto", limit: int = 1 << 16) -> int:
     """Largest micro-batch of `w` that fits one GPU of `slug` (0 if even 1 does not)."""
-    return _largest(lambda b: estimate(w.with_(batch=b), slug, calibration).fits, 1, limit)
+    return _largest(lambda b: estimate(w.with_(batch=b), slug, calibration).safe_fits, 1, limit)
 
 
 def max_seq(w: Workload, slug: str, calibration: str = "auto", limit: int = 1 << 21) -> int:
     """Longest sequence (prompt for inference) of `w` that fits one GPU of `slug`."""
-    return _largest(lambda s: estimate(w.with_(seq=s), slug, calibration).fits, 1, limit)
+    return _largest(lambda s: estimate(w.with_(seq=s), slug, calibration).safe_fits, 1, limit)
 
 
 def cheapest(w: Workload, job: JobSpec, deadline_s: float, calibration: str = "auto") -> list[Estimate]:
@@ -162,7 +176,7 @@ def cheapest(w: Workload, job: JobSpec, deadline_s: float, calibration: str = "a
                 result = estimate(_spread(w, n), slug, calibration, job)
             except InputError:
                 break
-            if result.fits and result.job.job_s <= deadline_s:
+            if result.safe_fits and result.job.job_s <= deadline_s:
                 found.append(result)
                 break  # more of the same GPU only costs more per unit of work or the same
     return sorted(found, key=lambda e: e.job.cost_usd)

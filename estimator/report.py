@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from estimator import tables
 from estimator.api import Estimate
-from estimator.planner import Budget, FitRow
+from estimator.planner import PLANNED_ON, Budget, FitRow
 from estimator.units import GiB
 from estimator.workload import Workload
 
@@ -31,6 +31,17 @@ def estimate(result: Estimate, advice: list[str]) -> Result:
     data = result.to_dict()
     data["advice"] = list(advice)
     return Result(data, render_estimate(result, data["advice"]))
+
+
+def _safe_lines(result: Estimate) -> list[str]:
+    """The safe bound (what the planners plan on) and, when tight, by how much it misses."""
+    safe = result.safe
+    lines = [f"  {'safe bound (device used)':<28}{_gib(safe['device_used_bytes'])}   covers "
+             f"{safe['coverage']:.0%}; {safe['source']}"]
+    if result.verdict == "tight":
+        short = safe["device_used_bytes"] - result.gpu.memory_bytes
+        lines.append(f"  tight: the estimate fits, its safe bound exceeds the GPU by {_gib(short).strip()}")
+    return lines
 
 
 def _calibration_lines(result: Estimate) -> list[str]:
@@ -63,7 +74,8 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
               f"  {'peak allocated':<28}{_gib(m.peak_allocated_bytes)}   (raw {_gib(result.raw_memory.peak_allocated_bytes).strip()})",
               f"  {'peak reserved':<28}{_gib(m.peak_reserved_bytes)}",
               f"  {'device used (nvidia-smi)':<28}{_gib(m.device_used_bytes)}   of {_gib(result.gpu.memory_bytes).strip()}"
-              f"  -> {'FITS' if result.fits else 'DOES NOT FIT'}"]
+              f"  -> {result.verdict.upper()}"]
+    lines += _safe_lines(result)
     if m.host_bytes:
         lines.append(f"  {'host (offload)':<28}{_gib(m.host_bytes)}")
     top = ", ".join(name[:-6] for name, _ in result.dominant())
@@ -82,8 +94,9 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
     lines.append(f"calibration: {cal}")
     lines += _calibration_lines(result)
     if tips:
-        lines.append("would fit with: " + "; ".join(tips))
-    elif not result.fits:
+        lines.append(("would fit with its safe bound: " if result.verdict == "tight" else "would fit with: ")
+                     + "; ".join(tips))
+    elif not result.safe_fits:
         lines.append("no single change tried makes it fit; try a larger GPU or --fit-gpus")
     return "\n".join(lines)
 
@@ -103,8 +116,8 @@ def _train_time_lines(t) -> list[str]:
 
 def fit_gpus(w: Workload, rows: list[FitRow]) -> Result:
     """planner.fit_table: for every GPU, how many are needed."""
-    data = {"workload": w.id, "gpus": [r.to_dict() for r in rows]}
-    lines = [f"{w.id}", f"{'gpu':<16}{'needed':>8}{'used/GPU':>14}{'memory':>14}{'step s':>10}{'$/GPU-h':>9}"]
+    data = {"workload": w.id, "gpus": [r.to_dict() for r in rows], "planned_on": PLANNED_ON}
+    lines = [f"{w.id}", f"GPUs needed: planned on {PLANNED_ON}", f"{'gpu':<16}{'needed':>8}{'used/GPU':>14}{'memory':>14}{'step s':>10}{'$/GPU-h':>9}"]
     for r in rows:
         need = "-" if r.gpus_needed is None else str(r.gpus_needed)
         step = "-" if r.step_s is None else f"{r.step_s:.3f}"
@@ -116,14 +129,14 @@ def fit_gpus(w: Workload, rows: list[FitRow]) -> Result:
 def largest(w: Workload, gpu: str, field: str, value: int) -> Result:
     """planner.max_batch (field "batch") or planner.max_seq (field "seq") on one GPU of `gpu`."""
     label = {"batch": "largest micro-batch", "seq": "longest sequence"}[field]
-    data = {"workload": w.id, "gpu": gpu, f"max_{field}": value}
+    data = {"workload": w.id, "gpu": gpu, f"max_{field}": value, "planned_on": PLANNED_ON}
     return Result(data, f"{label} that fits one {tables.gpu(gpu).name}: {value}"
-                  + ("" if value else " (even 1 does not fit)"))
+                  + ("" if value else " (even 1 does not fit)") + f"\nplanned on {PLANNED_ON}")
 
 
 def cheapest(w: Workload, deadline_hours: float, found: list[Estimate]) -> Result:
     """planner.cheapest: setups meeting the deadline, cheapest first."""
-    data = {"workload": w.id, "deadline_hours": deadline_hours,
+    data = {"workload": w.id, "deadline_hours": deadline_hours, "planned_on": PLANNED_ON,
             "setups": [{"gpu": e.gpu.slug, "gpus": e.workload.world_size, "job_hours": e.job.job_s / 3600,
                         "cost_usd": e.job.cost_usd, "device_used_bytes": e.memory.device_used_bytes}
                        for e in found]}
@@ -132,6 +145,7 @@ def cheapest(w: Workload, deadline_hours: float, found: list[Estimate]) -> Resul
     lines = [f"{'gpu':<16}{'GPUs':>6}{'hours':>10}{'cost $':>12}"]
     for s in data["setups"]:
         lines.append(f"{s['gpu']:<16}{s['gpus']:>6}{s['job_hours']:>10.2f}{s['cost_usd']:>12,.2f}")
+    lines.append(f"planned on {PLANNED_ON}")
     return Result(data, "\n".join(lines))
 
 

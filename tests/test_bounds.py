@@ -1,0 +1,112 @@
+"""The safe upper bound every memory answer carries and the three-way verdict (estimator/bounds.py,
+issue 12 item 5): hand-computed bounds from the point estimate and the stated factors, a table's
+held-out factors, widening outside its data, the verdicts, the JSON keys, planners on the bound."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.scripts_loader import call_main, load_script
+
+from estimator import tables
+from estimator.api import estimate
+from estimator.bounds import verdict
+from estimator.calibration import SCHEMA
+from estimator.configs import load_spec
+from estimator.planner import advice, max_batch
+from estimator.workload import Workload
+
+GPU = "a100-80gb"
+CLI = load_script("estimate")
+
+
+@pytest.fixture(scope="module")
+def lora():
+    return Workload(load_spec("llama-3.1-8b"), method="lora", batch=2, seq=2048).validate()
+
+
+def _table(tmp_path, factors=(1.10, 1.20, 1.25), coverages=(0.97, 0.95, 0.96), rng=None):
+    quantities = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes")
+    table = {"schema": SCHEMA, "gpu": GPU, "factors": {},
+             "upper_bound": {q: {"factor": f, "coverage": c, "quantile": 0.95}
+                             for q, f, c in zip(quantities, factors, coverages)}}
+    if rng:
+        table["range"] = rng
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    return str(path)
+
+
+def test_uncalibrated_bound_is_the_point_times_the_stated_default(lora):
+    e = estimate(lora, GPU, "none")
+    for q in ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes"):
+        assert e.safe[q] == math.ceil(getattr(e.memory, q) * 1.3)     # overheads.csv: 1.3
+    assert e.safe["coverage"] == 0.9
+    assert "uncalibrated default" in e.safe["source"]
+
+
+def test_a_table_bound_uses_each_quantity_factor_and_the_smallest_coverage(lora, tmp_path):
+    e = estimate(lora, GPU, _table(tmp_path))
+    assert e.safe["peak_allocated_bytes"] == math.ceil(e.memory.peak_allocated_bytes * 1.10)
+    assert e.safe["peak_reserved_bytes"] == math.ceil(e.memory.peak_reserved_bytes * 1.20)
+    assert e.safe["device_used_bytes"] == math.ceil(e.memory.device_used_bytes * 1.25)
+    assert e.safe["coverage"] == 0.95
+    assert "held-out" in e.safe["source"]
+
+
+def test_a_workload_far_outside_the_data_widens_the_bound(lora, tmp_path):
+    # the table saw 1-2B models at 128-1024 tokens: an 8B model at 4096 tokens is far outside
+    path = _table(tmp_path, rng={"params_total": [1e9, 2e9], "tokens": [128, 1024]})
+    e = estimate(lora, GPU, path)
+    assert any("far outside" in w for w in e.warnings)
+    assert e.safe["device_used_bytes"] == math.ceil(e.memory.device_used_bytes * 1.25 * 1.15)
+    assert "widened" in e.safe["source"]
+
+
+@pytest.mark.parametrize("point, bound, capacity, expected", [
+    (50, 60, 80, "fits"), (50, 80, 80, "fits"), (70, 91, 80, "tight"), (80, 104, 80, "tight"),
+    (81, 105, 80, "does not fit"),
+])
+def test_verdicts(point, bound, capacity, expected):
+    assert verdict(point, bound, capacity) == expected
+
+
+def test_json_carries_memory_safe_and_the_verdict(capsys):
+    code, out, err = call_main(CLI, capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--batch", "1",
+                               "--seq", "4096", "--grad-ckpt", "--gpu", "a10g-24gb", "--calibration", "none",
+                               "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data["memory"]["safe"]) == {"peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes",
+                                           "coverage", "source"}
+    used, capacity = data["memory"]["device_used_bytes"], data["gpu"]["memory_bytes"]
+    assert used <= capacity < math.ceil(used * 1.3)          # the point fits, the bound does not
+    assert data["verdict"] == "tight"
+
+
+def test_tight_text_says_by_how_much_and_what_would_fit(capsys):
+    code, out, err = call_main(CLI, capsys, "--model", "llama-3.1-8b", "--method", "qlora", "--batch", "4",
+                               "--seq", "4096", "--grad-ckpt", "--gpu", "a10g-24gb", "--calibration", "none")
+    assert code == 0, err
+    # batch 4 does not fit; batch 1 with accumulation fits the point estimate only: offered as tight
+    assert "DOES NOT FIT" in out
+    assert "--batch 1 --grad-accum 4 (tight" in out
+
+
+def test_advice_tries_batch_one_with_accumulation():
+    w = Workload(load_spec("llama-3.1-8b"), method="lora", batch=8, seq=2048, grad_ckpt=True).validate()
+    e = estimate(w, "l4-24gb", "none")
+    assert not e.safe_fits
+    tips = advice(e, "none")
+    assert any(t.startswith("--batch 1 --grad-accum 8") or t.startswith("--batch 4 --grad-accum 2") for t in tips), tips
+
+
+def test_planners_plan_on_the_bound(lora):
+    b = max_batch(lora, GPU, "none")
+    capacity = tables.gpu(GPU).memory_bytes
+    assert estimate(lora.with_(batch=b), GPU, "none").memory.device_used_bytes * 1.3 <= capacity
+    beyond = estimate(lora.with_(batch=b + 1), GPU, "none")
+    assert beyond.memory.device_used_bytes * 1.3 > capacity
