@@ -126,13 +126,104 @@ def given(args: argparse.Namespace) -> dict:
             if getattr(args, flag.field, None) is not None}
 
 
-def workload_from_args(args: argparse.Namespace) -> Workload:
-    """The validated Workload of the workload flags (InputError: one line)."""
-    settings = given(args)
-    ref = settings.pop("model", None)
+# the users' own files (estimator/sources): flag -> (module, what it is)
+FILE_FLAGS = {
+    "--training-args": ("training_args", "HF TrainingArguments / TRL SFTConfig (JSON or YAML)"),
+    "--deepspeed": ("deepspeed", "DeepSpeed config JSON (\"auto\" resolved as the HF integration does)"),
+    "--peft": ("peft", "peft adapter_config.json"),
+    "--quant-config": ("quantization", "bitsandbytes BitsAndBytesConfig (JSON or YAML)"),
+    "--accelerate-config": ("accelerate", "accelerate config YAML (FSDP, DeepSpeed, processes, machines)"),
+    "--axolotl": ("axolotl", "Axolotl recipe YAML"),
+    "--llamafactory": ("llamafactory", "LLaMA-Factory training YAML"),
+}
+
+
+def add_file_flags(parser) -> None:
+    """One flag per kind of file a user already has; explicit workload flags override them."""
+    group = parser.add_argument_group("read the job from your own files (explicit flags override them)")
+    for option, (_, what) in FILE_FLAGS.items():
+        group.add_argument(option, metavar="FILE", help=what)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The Workload of the flags and files, and where each setting came from."""
+
+    workload: Workload
+    origin: dict            # field -> "flag" | "file: key" | "default"
+    unmodelled: tuple = ()
+    ignored: tuple = ()
+    job: dict = None
+
+    def to_dict(self) -> dict:
+        return {"origin": dict(self.origin), "unmodelled": list(self.unmodelled), "ignored": list(self.ignored)}
+
+    def lines(self) -> list[str]:
+        files = {k: v for k, v in self.origin.items() if v not in ("flag", "default")}
+        if not files and not self.unmodelled and not self.ignored:
+            return []
+        out = ["settings from files (explicit flags override them):"]
+        out += [f"  {k:<18} {v}" for k, v in files.items()]
+        out += [f"  read, not modelled: {t}" for t in self.unmodelled]
+        if self.ignored:
+            out.append(f"  ignored ({len(self.ignored)}): " + ", ".join(self.ignored))
+        return out
+
+
+def read_files(args: argparse.Namespace):
+    """The combined Reading of the file flags given (None when none is)."""
+    import importlib
+    from pathlib import Path
+
+    from estimator import sources
+
+    readings = []
+    for option, (module_name, what) in FILE_FLAGS.items():
+        path = getattr(args, option[2:].replace("-", "_"), None)
+        if not path:
+            continue
+        module = importlib.import_module(f"estimator.sources.{module_name}")
+        data = sources.load(path, what.split(" (")[0])
+        reader = module.workload_fields if module_name == "training_args" else module.read
+        kwargs = {"base_dir": Path(path).resolve().parent} if module_name in (
+            "training_args", "axolotl", "llamafactory") else {}
+        readings.append(reader(data, str(path), **kwargs))
+    return sources.combine(readings) if readings else None
+
+
+def resolve(args: argparse.Namespace) -> Resolved:
+    """Files first, then the explicit flags over them; the model's own quantization_config counts
+    as a file. InputError (one line) for anything wrong."""
+    from estimator import sources
+    from estimator.configs import _source, load_config
+    from estimator.sources import quantization
+
+    reading = read_files(args) or sources.Reading()
+    flags_given = given(args)
+    ref = flags_given.get("model") or reading.fields.get("model")
     if not ref:
         raise InputError("--model is required (a config.json path, catalog name or Hub id)")
-    return Workload(model=load_spec(ref), **method_defaults(settings)).validate()
+    if "quant" not in reading.fields and "quant" not in flags_given and _source(ref)[0] is not None:
+        own = load_config(ref)[0].get("quantization_config")   # a local or catalog config (no Hub call)
+        if isinstance(own, dict):
+            reading = sources.combine([reading, quantization.read(own, f"{ref}: quantization_config")])
+    settings = {**reading.fields, **flags_given}
+    settings.pop("model", None)
+    if settings.get("method") == "lora" and settings.get("quant") in ("nf4", "fp4") and "method" not in flags_given:
+        settings["method"] = "qlora"          # a LoRA adapter on a 4-bit base is QLoRA
+    origin = {name: ("flag" if name in flags_given else reading.origin.get(name, "default"))
+              for name in BY_FIELD if name in settings or name == "model"}
+    origin["model"] = "flag" if "model" in flags_given else reading.origin.get("model", "flag")
+    if "epochs" in reading.job:
+        origin["epochs"] = reading.origin.get("epochs", "file")
+    w = Workload(model=load_spec(ref), **method_defaults(settings)).validate()
+    return Resolved(w, origin, tuple(reading.unmodelled), tuple(reading.ignored), dict(reading.job))
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    """The validated Workload of the workload flags (and file flags, when the parser has them;
+    InputError: one line)."""
+    return resolve(args).workload
 
 
 def to_argv(settings: dict) -> list[str]:

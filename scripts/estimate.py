@@ -34,11 +34,12 @@ _QUESTIONS = ("fit_gpus", "max_batch", "max_seq", "cheapest", "chinchilla")
 def _parser() -> argparse.ArgumentParser:
     p = flags.OneLineParser(prog="estimate.py", description="Predict GPU memory, time and cost of an LLM job.")
     flags.add_workload_flags(p)
+    flags.add_file_flags(p)
     p.add_argument("--gpu", default="h100-80gb", help="GPU slug, e.g. a100-80gb, h100-80gb, rtx4090-24gb")
     p.add_argument("--inter-node", default="ib-hdr", help="inter-node interconnect (interconnects.csv)")
     p.add_argument("--calibration", default="auto", help="auto, none, or a calibration table path")
     p.add_argument("--samples", type=flags.bounded("samples", integer=True), help="training samples per epoch (adds job time and cost)")
-    p.add_argument("--epochs", type=flags.bounded("epochs"), default=1.0)
+    p.add_argument("--epochs", type=flags.bounded("epochs"), help="epochs (default: the files' number, else 1)")
     p.add_argument("--retry-factor", type=flags.bounded("retry_factor", low=1.0, low_open=False), default=1.0, help="multiplies job time (restarts, evals)")
     p.add_argument("--price-table", help="CSV overriding the shipped price table (same columns)")
     p.add_argument("--provider", help="price from this provider only")
@@ -58,12 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _job(args) -> JobSpec | None:
+def _job(args, resolved: flags.Resolved | None = None) -> JobSpec | None:
     if args.samples is None:
         return None
-    if args.samples <= 0 or args.epochs <= 0 or args.retry_factor < 1.0:
-        raise InputError("--samples and --epochs must be positive and --retry-factor at least 1")
-    return JobSpec(args.samples, args.epochs, args.retry_factor, args.price_table, args.provider)
+    epochs = args.epochs if args.epochs is not None else (resolved.job or {}).get("epochs", 1.0) if resolved else 1.0
+    return JobSpec(args.samples, epochs, args.retry_factor, args.price_table, args.provider)
 
 
 def _answer(args) -> report.Result:
@@ -72,13 +72,14 @@ def _answer(args) -> report.Result:
         given = flags.given(args)
         gpus = given.get("gpus", 1) * given.get("nodes", 1)
         return report.chinchilla(planner.chinchilla(args.gpu, gpus, args.hours, args.mfu))
-    w = flags.workload_from_args(args)
+    resolved = flags.resolve(args)
+    w = resolved.workload
     if args.fit_gpus:
         return report.fit_gpus(w, planner.fit_table(w, args.calibration, args.price_table))
     if args.max_batch or args.max_seq:
         field, search = ("batch", planner.max_batch) if args.max_batch else ("seq", planner.max_seq)
         return report.largest(w, args.gpu, field, search(w, args.gpu, args.calibration))
-    job = _job(args)
+    job = _job(args, resolved)
     if args.cheapest:
         if job is None or args.deadline_hours is None or args.deadline_hours <= 0:
             raise InputError("--cheapest needs --samples and a positive --deadline-hours")
@@ -86,6 +87,15 @@ def _answer(args) -> report.Result:
         return report.cheapest(w, args.deadline_hours, found)
     result = estimate(w, args.gpu, args.calibration, job, args.inter_node)
     return report.estimate(result, planner.advice(result, args.calibration))
+
+
+def _with_sources(result: report.Result, args) -> report.Result:
+    """Where each setting came from, when files were read (flags alone: the answer as it is)."""
+    if not any(getattr(args, o[2:].replace("-", "_"), None) for o in flags.FILE_FLAGS) or args.chinchilla:
+        return result
+    resolved = flags.resolve(args)
+    data = {**result.data, "sources": resolved.to_dict()}
+    return report.Result(data, result.text + "\n" + "\n".join(resolved.lines()))
 
 
 def _trace(args) -> dict:
@@ -112,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("--trace applies to a single estimate (not --fit-gpus, --max-batch, --max-seq, "
                              "--cheapest, --chinchilla)")
         result = _answer(args)
+        result = _with_sources(result, args)
         if args.trace:
             result = report.with_trace(result, _trace(args))
     except InputError as exc:

@@ -1,0 +1,30 @@
+"""A bitsandbytes `BitsAndBytesConfig` dict (or a model config's `quantization_config`) -> quant,
+double_quant (transformers 5.23 `utils/quantization_config.py` `BitsAndBytesConfig`)."""
+
+from __future__ import annotations
+
+from estimator.errors import InputError
+from estimator.sources import Mapper, Reading
+
+
+def read(config: dict, name: str = "quantization config") -> Reading:
+    m = Mapper(config, name)
+    method = m.get("quant_method", str)
+    if method is not None and method != "bitsandbytes":
+        raise InputError(f"{name}: quant_method {method!r} is not modelled (bitsandbytes 4-bit and 8-bit are)")
+    four, eight = m.get("load_in_4bit", bool), m.get("load_in_8bit", bool)
+    if four and eight:
+        raise InputError(f"{name}: load_in_4bit and load_in_8bit are both true")
+    if four:
+        kind = m.get("bnb_4bit_quant_type", str, "fp4")       # BitsAndBytesConfig's default is fp4
+        if kind not in ("nf4", "fp4"):
+            raise InputError(f"{name}: bnb_4bit_quant_type must be nf4 or fp4; got {kind!r}")
+        m.set("quant", kind, "load_in_4bit + bnb_4bit_quant_type")
+        m.set("double_quant", bool(m.get("bnb_4bit_use_double_quant", bool, False)), "bnb_4bit_use_double_quant")
+    elif eight:
+        m.set("quant", "int8", "load_in_8bit")
+    m.unmodelled("bnb_4bit_quant_storage", "the storage dtype matters only under FSDP (--fsdp stores bf16)")
+    m.quiet("bnb_4bit_compute_dtype", "llm_int8_threshold", "llm_int8_skip_modules", "llm_int8_enable_fp32_cpu_offload",
+            "llm_int8_has_fp16_weight", "bnb_4bit_use_double_quant", "bnb_4bit_quant_type", "_load_in_4bit",
+            "_load_in_8bit")
+    return m.finish()

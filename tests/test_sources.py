@@ -1,0 +1,150 @@
+"""Users' own files -> the Workload (estimator/sources, issue 15): each file kind gives the same answer
+as the equivalent flags, byte for byte; each setting says where it came from; unknown keys are listed,
+settings the estimator does not model are said; explicit flags override files; two files that
+disagree, and wrong types, are one-line errors. TrainingArguments' own `to_dict()` is an oracle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.bad_input import assert_refused
+from tests.scripts_loader import call_main, load_script
+
+from estimator.sources import Reading, combine, deepspeed, training_args
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ROOT / "tests" / "data" / "userfiles"
+CLI = load_script("estimate")
+
+
+def answer(capsys, *argv) -> dict:
+    code, out, err = call_main(CLI, capsys, *argv, "--json", "--calibration", "none", "--samples", "10000")
+    assert code == 0, err
+    return json.loads(out)
+
+
+# file flags -> the equivalent explicit flags (written out by hand from the files)
+EQUIVALENTS = [
+    (["--model", "llama-3.1-8b", "--training-args", str(FILES / "sft_config.json"),
+      "--peft", str(FILES / "adapter_config.json"), "--gpus", "8"],
+     ["--model", "llama-3.1-8b", "--method", "lora", "--lora-rank", "32", "--lora-targets", "q_proj,k_proj,v_proj,o_proj",
+      "--batch", "2", "--grad-accum", "8", "--grad-ckpt", "--precision", "bf16", "--optimizer", "paged-adamw-8bit",
+      "--seq", "2048", "--zero", "3", "--offload", "optimizer", "--gpus", "8", "--epochs", "3"]),
+    (["--axolotl", str(FILES / "axolotl_qlora.yaml")],
+     ["--model", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--quant", "nf4", "--lora-rank", "16",
+      "--lora-targets", "all-linear", "--seq", "4096", "--batch", "1", "--grad-accum", "4", "--grad-ckpt",
+      "--precision", "bf16", "--optimizer", "paged-adamw-8bit", "--attn", "flash", "--epochs", "2"]),
+    (["--llamafactory", str(FILES / "llamafactory_lora.yaml")],
+     ["--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora", "--lora-rank", "8", "--lora-targets", "all-linear",
+      "--seq", "2048", "--batch", "1", "--grad-accum", "8", "--precision", "bf16", "--attn", "flash",
+      "--epochs", "3"]),
+    (["--model", "llama-3.1-8b", "--method", "lora", "--accelerate-config", str(FILES / "accelerate_fsdp.yaml")],
+     ["--model", "llama-3.1-8b", "--method", "lora", "--fsdp", "hybrid", "--gpus", "8", "--nodes", "2",
+      "--precision", "bf16", "--grad-ckpt"]),
+    (["--model", "llama-3.1-8b", "--peft", str(FILES / "adapter_config.json"),
+      "--quant-config", str(FILES / "bnb_nf4.json")],
+     ["--model", "llama-3.1-8b", "--method", "qlora", "--quant", "nf4", "--lora-rank", "32",
+      "--lora-targets", "q_proj,k_proj,v_proj,o_proj"]),
+]
+
+
+@pytest.mark.parametrize("from_files, from_flags", EQUIVALENTS, ids=["sft+peft+ds", "axolotl", "llamafactory",
+                                                                      "accelerate", "peft+bnb"])
+def test_files_give_the_answer_of_the_equivalent_flags_to_the_byte(capsys, from_files, from_flags):
+    files, flags = answer(capsys, *from_files), answer(capsys, *from_flags)
+    sources = files.pop("sources")
+    assert json.dumps(files, sort_keys=True) == json.dumps(flags, sort_keys=True)
+    assert "sources" not in flags                          # flags alone: nothing to attribute
+    assert any(v != "flag" for v in sources["origin"].values())
+
+
+def test_each_setting_names_its_file_and_key_and_nothing_is_dropped_silently(capsys):
+    data = answer(capsys, "--model", "llama-3.1-8b", "--training-args", str(FILES / "sft_config.json"))
+    origin = data["sources"]["origin"]
+    assert origin["batch"].endswith("sft_config.json: per_device_train_batch_size")
+    assert origin["zero"] == "ds_zero3.json: zero_optimization: stage"
+    assert origin["epochs"].endswith("sft_config.json: num_train_epochs")
+    assert origin["model"] == "flag"
+    assert any(i.endswith("some_future_option") for i in data["sources"]["ignored"])
+    assert any("packing" in u for u in data["sources"]["unmodelled"])
+    assert data["job"]["epochs"] == 3.0
+
+
+def test_explicit_flags_override_files(capsys):
+    data = answer(capsys, "--model", "llama-3.1-8b", "--training-args", str(FILES / "sft_config.json"),
+                  "--batch", "4", "--zero", "2")
+    assert data["workload"]["batch"] == 4 and data["workload"]["zero"] == 2
+    assert data["sources"]["origin"]["batch"] == "flag" and data["sources"]["origin"]["zero"] == "flag"
+    assert data["workload"]["grad_accum"] == 8                  # the rest still from the file
+
+
+def test_text_output_lists_where_settings_came_from(capsys):
+    code, out, err = call_main(CLI, capsys, "--axolotl", str(FILES / "axolotl_qlora.yaml"))
+    assert code == 0, err
+    assert "settings from files (explicit flags override them):" in out
+    assert "axolotl_qlora.yaml: lora_target_linear" in out
+
+
+def test_trainingarguments_own_dict_is_read():
+    # the oracle: transformers' TrainingArguments fills its own defaults (optim, precision flags)
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir="/tmp/x", per_device_train_batch_size=3, gradient_accumulation_steps=2,
+                             gradient_checkpointing=True, num_train_epochs=2, use_cpu=True)
+    r = training_args.workload_fields(args.to_dict(), "trainer")
+    assert r.fields["batch"] == 3 and r.fields["grad_accum"] == 2 and r.fields["grad_ckpt"] is True
+    assert (r.fields["optimizer"], r.fields["adamw_impl"]) == ("adamw", "fused")   # torch >= 2.8 default
+    assert r.job["epochs"] == 2.0
+    assert "precision" not in r.fields                          # bf16 and fp16 both false: weights as loaded
+
+
+def test_deepspeed_auto_sizes_are_the_modelled_ones_and_explicit_sizes_are_said():
+    auto = deepspeed.read({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+                                                 "stage3_prefetch_bucket_size": "auto"}})
+    assert auto.fields == {"zero": 3} and auto.unmodelled == []
+    explicit = deepspeed.read({"zero_optimization": {"stage": 2, "reduce_bucket_size": 500000000}})
+    assert explicit.fields == {"zero": 2}
+    assert any("reduce_bucket_size = 500000000" in u for u in explicit.unmodelled)
+    assert deepspeed.read({"fp16": {"enabled": True}}).fields == {"precision": "fp16"}
+
+
+def test_two_files_that_disagree_are_an_error():
+    a = Reading(fields={"batch": 2}, origin={"batch": "a.json: per_device_train_batch_size"})
+    b = Reading(fields={"batch": 4}, origin={"batch": "b.json: train_micro_batch_size_per_gpu"})
+    with pytest.raises(Exception, match="gives batch = 2 but b.json"):
+        combine([a, b])
+    assert combine([a, Reading(fields={"batch": 2}, origin={"batch": "c"})]).fields == {"batch": 2}
+
+
+def test_bad_files_are_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "types.json").write_text(json.dumps({"per_device_train_batch_size": "two"}))
+    (tmp_path / "both.json").write_text(json.dumps({"bf16": True, "fp16": True}))
+    (tmp_path / "stage.json").write_text(json.dumps({"zero_optimization": {"stage": 5}}))
+    (tmp_path / "prefix.json").write_text(json.dumps({"peft_type": "PREFIX_TUNING"}))
+    (tmp_path / "gptq.json").write_text(json.dumps({"quant_method": "gptq", "bits": 4}))
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "broken.yaml").write_text("a: [\n")
+    (tmp_path / "procs.yaml").write_text("distributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 3\n")
+    (tmp_path / "adapter.yaml").write_text("base_model: llama-3.1-8b\nadapter: ia3\n")
+    m = ["--model", "llama-3.1-8b"]
+    cases = [
+        (m + ["--training-args", str(tmp_path / "types.json")], "per_device_train_batch_size must be int"),
+        (m + ["--training-args", str(tmp_path / "both.json")], "bf16 and fp16 are both true"),
+        (m + ["--deepspeed", str(tmp_path / "stage.json")], "stage must be 0-3"),
+        (m + ["--peft", str(tmp_path / "prefix.json")], "PREFIX_TUNING"),
+        (m + ["--quant-config", str(tmp_path / "gptq.json")], "gptq"),
+        (m + ["--training-args", str(tmp_path / "list.yaml")], "not a mapping"),
+        (m + ["--accelerate-config", str(tmp_path / "broken.yaml")], "malformed"),
+        (m + ["--accelerate-config", str(tmp_path / "procs.yaml")], "multiple of num_machines"),
+        (["--axolotl", str(tmp_path / "adapter.yaml")], "adapter 'ia3'"),
+        (m + ["--peft", str(tmp_path / "missing.json")], "cannot read"),
+        (m + ["--training-args", str(FILES / "sft_config.json"), "--deepspeed",
+              str(FILES / "ds_zero3.json"), "--zero", "2"], ""),   # flags win: no error (checked below)
+    ]
+    for argv, words in cases[:-1]:
+        assert_refused(CLI, capsys, argv, words, "estimate.py", tmp_path)
+    code, out, err = call_main(CLI, capsys, *cases[-1][0])
+    assert code == 0, err
