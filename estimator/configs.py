@@ -146,16 +146,10 @@ def _from_hub(model_id: str) -> dict:
 
 def _waiting(call, message: str):
     """call(), printing `message` on stderr once if it takes longer than HUB_PATIENCE_S."""
-    import sys
-    import threading
+    from estimator.progress import after
 
-    timer = threading.Timer(HUB_PATIENCE_S, lambda: print(message, file=sys.stderr, flush=True))
-    timer.daemon = True
-    timer.start()
-    try:
+    with after(HUB_PATIENCE_S, message):
         return call()
-    finally:
-        timer.cancel()
 
 
 def _source(model: str) -> tuple[Path | None, str]:

@@ -27,6 +27,7 @@ from estimator import flags, planner, report  # noqa: E402
 from estimator.api import JobSpec, estimate  # noqa: E402
 from estimator.configs import load_config  # noqa: E402
 from estimator.errors import InputError  # noqa: E402
+from estimator.progress import PATIENCE_S, after, quiet_libraries  # noqa: E402
 
 _QUESTIONS = ("fit_gpus", "max_batch", "max_seq", "cheapest", "chinchilla")
 
@@ -54,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hours", type=flags.bounded("hours"), help="with --chinchilla: wall-clock budget")
     p.add_argument("--mfu", type=flags.bounded("mfu"), help="with --chinchilla: achieved fraction (default: table)")
     p.add_argument("--json", action="store_true", help="print the result object as JSON")
+    p.add_argument("--verbose", action="store_true", help="let the libraries' warnings and log lines through")
     p.add_argument("--trace", action="store_true",
                    help="also trace the real step on fake tensors (needs torch; profiler.trace) and show it beside")
     return p
@@ -103,14 +105,17 @@ def _trace(args) -> dict:
     scripts = os.path.dirname(os.path.abspath(__file__))  # scripts/profile.py would shadow stdlib profile
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != scripts]
     try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
+        with quiet_libraries(args.verbose):   # bitsandbytes logs a missing-kernel notice on import
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
 
-        from profiler.trace import trace
+            from profiler.trace import trace
     except ImportError as exc:
         raise InputError(f"--trace needs torch and transformers installed ({exc})") from None
+    w = flags.workload_from_args(args)
     try:
-        return trace(flags.workload_from_args(args), load_config(args.model)[0]).to_dict()
+        with quiet_libraries(args.verbose):
+            return trace(w, load_config(args.model or w.model.name)[0]).to_dict()
     except NotImplementedError as exc:
         raise InputError(f"--trace: {exc}") from None
 
@@ -124,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         result = _answer(args)
         result = _with_sources(result, args)
         if args.trace:
-            result = report.with_trace(result, _trace(args))
+            with after(PATIENCE_S, "tracing the real step on fake tensors (profiler.trace; seconds to a minute)..."):
+                result = report.with_trace(result, _trace(args))
     except InputError as exc:
         print(f"estimate.py: error: {exc}", file=sys.stderr)
         return 2
