@@ -25,6 +25,10 @@ _COMPONENTS = ("weights_bytes", "gradients_bytes", "optimizer_states_bytes", "ma
                "nccl_buffers_bytes", "allocator_reserve_bytes")
 
 
+# the version of the --json output (docs/estimate-output.schema.json); a change of meaning bumps it
+OUTPUT_SCHEMA = "gpu-budget-estimate/1"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What a whole job is: samples per epoch, epochs, retry factor, price table override."""
@@ -123,6 +127,7 @@ class Estimate:
         time["raw"] = {"step_s": raw_time.step_s, "mfu": raw_time.mfu}
         cal = self.calibration
         return {
+            "schema": OUTPUT_SCHEMA,
             "workload": _workload_dict(w),
             "model": {"name": w.model.name, "model_type": w.model.model_type,
                       "params_total": p.total, "params_active": p.active, "params_trainable": trainable},
