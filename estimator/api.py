@@ -38,6 +38,7 @@ class JobSpec:
     retry_factor: float = 1.0
     price_path: str | None = None
     provider: str | None = None
+    price_kind: str | None = None     # a tier of estimator/data/prices.csv (community, secure, serverless, cloud)
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,6 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
                     + tuple(cal.version_warnings(installed_versions())))
     cost = None
     if job is not None:
-        price = tables.price(gpu.slug, job.price_path, job.provider)
+        price = tables.price(gpu.slug, job.price_path, job.provider, job.price_kind, w.nodes)
         cost = job_cost(w, time.step_s, job.samples, job.epochs, job.retry_factor, price)
     return Estimate(w, gpu, memory, raw, time, cal, corrections, cost, warnings, raw_time, parts)

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from estimator import flags, planner, report
+from estimator import flags, planner, report, tables
 from estimator.api import JobSpec, estimate
 from estimator.configs import load_config
 from estimator.errors import InputError
@@ -45,6 +45,8 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--retry-factor", type=flags.bounded("retry_factor", low=1.0, low_open=False), default=1.0, help="multiplies job time (restarts, evals)")
     p.add_argument("--price-table", help="CSV overriding the shipped price table (same columns)")
     p.add_argument("--provider", help="price from this provider only")
+    p.add_argument("--price-kind", choices=tables.TIERS,
+                   help="price from this tier only (community, secure, serverless, cloud); default: cheapest")
     ask = p.add_mutually_exclusive_group()
     ask.add_argument("--fit-gpus", action="store_true", help="which GPUs fit, and how many are needed")
     ask.add_argument("--max-batch", action="store_true", help="largest micro-batch that fits --gpu")
@@ -66,7 +68,7 @@ def _job(args, resolved: flags.Resolved | None = None) -> JobSpec | None:
     if args.samples is None:
         return None
     epochs = args.epochs if args.epochs is not None else (resolved.job or {}).get("epochs", 1.0) if resolved else 1.0
-    return JobSpec(args.samples, epochs, args.retry_factor, args.price_table, args.provider)
+    return JobSpec(args.samples, epochs, args.retry_factor, args.price_table, args.provider, args.price_kind)
 
 
 def _answer(args) -> report.Result:
@@ -78,7 +80,8 @@ def _answer(args) -> report.Result:
     resolved = flags.resolve(args)
     w = resolved.workload
     if args.fit_gpus:
-        return report.fit_gpus(w, planner.fit_table(w, args.calibration, args.price_table))
+        return report.fit_gpus(w, planner.fit_table(w, args.calibration, args.price_table, args.provider,
+                                                    args.price_kind))
     if args.max_batch or args.max_seq:
         field, search = ("batch", planner.max_batch) if args.max_batch else ("seq", planner.max_seq)
         return report.largest(w, args.gpu, field, search(w, args.gpu, args.calibration))

@@ -64,6 +64,8 @@ class FitRow:
     memory_bytes: int
     step_s: float | None
     usd_per_gpu_hour: float | None
+    safe_device_used_bytes: int | None = None
+    price_row: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,20 +119,27 @@ def advice(result: Estimate, calibration: str = "auto") -> list[str]:
     return out
 
 
-def fit_table(w: Workload, calibration: str = "auto", price_path: str | None = None) -> list[FitRow]:
-    """For every GPU of the table: how many are needed for `w`, and at what memory and speed."""
+def fit_table(w: Workload, calibration: str = "auto", price_path: str | None = None,
+              provider: str | None = None, price_kind: str | None = None) -> list[FitRow]:
+    """For every GPU of the table: how many are needed for `w`, at what memory and speed, and the
+    price row used (the cheapest of the provider / tier asked for; none when it has no such row)."""
     rows = []
     for slug, gpu in tables.gpus().items():
         try:
             result = gpus_needed(w, slug, calibration)
         except InputError:
             result = None  # e.g. bf16 on a GPU without bf16
-        price = tables.price(slug, price_path).usd_per_gpu_hour
+        try:
+            offer = tables.price(slug, price_path, provider, price_kind,
+                                 result.workload.nodes if result is not None else 1)
+            price, row = offer.usd_per_gpu_hour, offer.label()
+        except InputError:
+            price, row = None, "no such price row"
         if result is None:
-            rows.append(FitRow(slug, None, None, gpu.memory_bytes, None, price))
+            rows.append(FitRow(slug, None, None, gpu.memory_bytes, None, price, None, row))
         else:
             rows.append(FitRow(slug, result.workload.world_size, result.memory.device_used_bytes,
-                               gpu.memory_bytes, result.time.step_s, price))
+                               gpu.memory_bytes, result.time.step_s, price, result.safe["device_used_bytes"], row))
     return rows
 
 

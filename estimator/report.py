@@ -89,7 +89,7 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
     if result.job:
         j = result.job
         lines.append(f"job   {j.steps} steps   {j.job_s / 3600:.2f} h   {j.gpu_hours:.1f} GPU-h"
-                     f"   ${j.cost_usd:,.2f} at ${j.usd_per_gpu_hour:.2f}/GPU-h")
+                     f"   ${j.cost_usd:,.2f} at ${j.usd_per_gpu_hour:.2f}/GPU-h ({j.price_row})")
     cal = result.calibration.path or "none (uncalibrated defaults)"
     lines.append(f"calibration: {cal}")
     lines += _calibration_lines(result)
@@ -117,12 +117,13 @@ def _train_time_lines(t) -> list[str]:
 def fit_gpus(w: Workload, rows: list[FitRow]) -> Result:
     """planner.fit_table: for every GPU, how many are needed."""
     data = {"workload": w.id, "gpus": [r.to_dict() for r in rows], "planned_on": PLANNED_ON}
-    lines = [f"{w.id}", f"GPUs needed: planned on {PLANNED_ON}", f"{'gpu':<16}{'needed':>8}{'used/GPU':>14}{'memory':>14}{'step s':>10}{'$/GPU-h':>9}"]
+    lines = [f"{w.id}", f"GPUs needed: planned on {PLANNED_ON}", f"{'gpu':<16}{'needed':>8}{'used/GPU':>14}{'memory':>14}{'step s':>10}{'$/GPU-h':>9}  price row"]
     for r in rows:
         need = "-" if r.gpus_needed is None else str(r.gpus_needed)
         step = "-" if r.step_s is None else f"{r.step_s:.3f}"
+        usd = "-" if r.usd_per_gpu_hour is None else f"{r.usd_per_gpu_hour:.2f}"
         lines.append(f"{r.gpu:<16}{need:>8}{_gib(r.device_used_bytes):>14}{_gib(r.memory_bytes):>14}"
-                     f"{step:>10}{r.usd_per_gpu_hour:>9.2f}")
+                     f"{step:>10}{usd:>9}  {r.price_row}")
     return Result(data, "\n".join(lines))
 
 

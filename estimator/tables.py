@@ -25,7 +25,13 @@ GPU_COLUMNS = ("slug", "name", "memory_bytes", "bf16_dense_tflops", "fp16_dense_
                "tf32_dense_tflops", "fp32_tflops", "int8_dense_tops",
                "memory_bandwidth_bytes_per_s", "intra_node_interconnect", "source", "date")
 INTERCONNECT_COLUMNS = ("name", "bandwidth_bytes_per_s", "latency_s", "scope", "source", "date")
-PRICE_COLUMNS = ("slug", "provider", "usd_per_gpu_hour", "pricing", "source", "date")
+PRICE_COLUMNS = ("slug", "provider", "tier", "region", "multi_node", "usd_per_gpu_hour", "pricing", "source", "date")
+# tier: what kind of offering (RunPod's Community Cloud is third-party hosts; Secure Cloud its data
+# centres; serverless per-second workers; cloud: a hyperscaler or GPU cloud's instance);
+# multi_node: "yes" where the instance type is documented for multi-node clusters (AWS p4d/p4de/p5/
+# p3dn with EFA), else "unstated"
+TIERS = ("community", "secure", "serverless", "cloud")
+MULTI_NODE = ("yes", "no", "unstated")
 MFU_COLUMNS = ("method", "gpu_slug", "mfu", "source", "date")
 DTYPE_COLUMNS = ("name", "bytes_per_element", "source", "date")
 
@@ -92,6 +98,14 @@ class Price:
     pricing: str                      # "on-demand", "spot" or "reserved"
     source: str
     date: str
+    tier: str = "cloud"               # TIERS
+    region: str = "unstated"
+    multi_node: str = "unstated"      # MULTI_NODE
+
+    def label(self) -> str:
+        """The row a price came from, in words: provider, tier, pricing, region, date."""
+        region = "" if self.region == "unstated" else f", {self.region}"
+        return f"{self.provider} {self.tier} {self.pricing}{region} ({self.date})"
 
 
 @dataclass(frozen=True)
@@ -247,8 +261,9 @@ def _load_prices(path: Path) -> tuple[Price, ...]:
         if price > limit("usd_per_gpu_hour"):
             raise r.fail("usd_per_gpu_hour", f"{price:g} USD per GPU-hour is beyond sense (limit "
                                               f"{limit('usd_per_gpu_hour'):g}, estimator/data/limits.csv)")
-        out.append(Price(slug, r.text("provider"), price,
-                         r.choice("pricing", PRICINGS), *r.provenance()))
+        out.append(Price(slug, r.text("provider"), price, r.choice("pricing", PRICINGS), *r.provenance(),
+                         tier=r.choice("tier", TIERS), region=r.text("region"),
+                         multi_node=r.choice("multi_node", MULTI_NODE)))
     return tuple(out)
 
 
@@ -349,22 +364,30 @@ def prices(path: str | None = None) -> list[Price]:
     return list(_prices(path)[0])
 
 
-def price(slug: str, path: str | None = None, provider: str | None = None) -> Price:
-    """Cheapest on-demand price for the GPU (of one provider when given), USD per GPU-hour."""
+def price(slug: str, path: str | None = None, provider: str | None = None, tier: str | None = None,
+          nodes: int = 1) -> Price:
+    """The cheapest on-demand price row for the GPU, of one provider and/or tier when given. A job
+    over several nodes is priced on a row documented for multi-node clusters when one exists (else
+    the cheapest, whose label then says multi-node is unstated)."""
     spec = gpu(slug)
     offers = _prices(path)[1].get(spec.slug, ())
     where = "the shipped price table" if path is None else path
-    if provider is not None:
-        mine = [p for p in offers if p.provider.lower() == provider.lower()]
-        if not mine:
-            have = sorted({p.provider for p in offers}) or ["none"]
-            raise InputError(f"no on-demand price for '{spec.slug}' from provider '{provider}' in "
-                                 f"{where}; providers with one: {', '.join(have)}")
-        return mine[0]
-    if not offers:
-        raise InputError(f"no on-demand price for '{spec.slug}' in {where}; add a row "
-                             f"'{spec.slug},<provider>,<usd_per_gpu_hour>,on-demand,<source>,<date>'")
-    return offers[0]
+    if tier is not None and tier not in TIERS:
+        raise InputError(f"price kind must be one of {', '.join(TIERS)}; got {tier!r}")
+    chosen = [p for p in offers if (provider is None or p.provider.lower() == provider.lower())
+              and (tier is None or p.tier == tier)]
+    if not chosen:
+        asked = " ".join(x for x in (provider and f"from provider '{provider}'", tier and f"of tier '{tier}'") if x)
+        have = sorted({f"{p.provider} ({p.tier})" for p in offers}) or ["none"]
+        if not offers:
+            raise InputError(f"no on-demand price for '{spec.slug}' in {where}; add a row "
+                             f"'{spec.slug},<provider>,<tier>,<region>,<multi_node>,<usd_per_gpu_hour>,on-demand,"
+                             f"<source>,<date>'")
+        raise InputError(f"no on-demand price for '{spec.slug}' {asked} in {where}; offers: {', '.join(have)}")
+    if nodes > 1:
+        clusters = [p for p in chosen if p.multi_node == "yes"]
+        chosen = clusters or [p for p in chosen if p.multi_node != "no"] or chosen
+    return chosen[0]
 
 
 def mfu_default(method: str, gpu_slug: str) -> MfuDefault:

@@ -253,6 +253,7 @@ class JobCost:
     cost_usd: float
     price_source: str
     retry_factor: float
+    price_row: str = ""       # the price table row used, in words (tables.Price.label)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -266,4 +267,6 @@ def job_cost(w: Workload, step_s: float, samples: int, epochs: float, retry_fact
     gpu_hours = job_s / 3600.0 * w.world_size
     return JobCost(samples, epochs, global_batch, steps, job_s, gpu_hours, price.usd_per_gpu_hour,
                    gpu_hours * price.usd_per_gpu_hour,
-                   f"{price.provider} {price.pricing}, {price.source} ({price.date})", retry_factor)
+                   f"{price.provider} {price.pricing}, {price.source} ({price.date})", retry_factor,
+                   price.label() + ("" if w.nodes == 1 or price.multi_node == "yes"
+                                    else f"; multi-node availability {price.multi_node}"))

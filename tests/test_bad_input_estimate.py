@@ -116,9 +116,9 @@ def _tables(tmp: Path) -> list[tuple[str, bytes, str]]:
 
 def _flags(tmp: Path) -> list[tuple[list[str], str]]:
     (tmp / "prices-negative.csv").write_text(
-        "slug,provider,usd_per_gpu_hour,pricing,source,date\nh100-80gb,x,-2.0,on-demand,s,2026-01-01\n")
+        "slug,provider,tier,region,multi_node,usd_per_gpu_hour,pricing,source,date\nh100-80gb,x,cloud,unstated,unstated,-2.0,on-demand,s,2026-01-01\n")
     (tmp / "prices-huge.csv").write_text(
-        "slug,provider,usd_per_gpu_hour,pricing,source,date\nh100-80gb,x,50000,on-demand,s,2026-01-01\n")
+        "slug,provider,tier,region,multi_node,usd_per_gpu_hour,pricing,source,date\nh100-80gb,x,cloud,unstated,unstated,50000,on-demand,s,2026-01-01\n")
     m = ["--model", MODEL]
     job = m + ["--samples", "1000"]
     return [
@@ -152,7 +152,7 @@ def _flags(tmp: Path) -> list[tuple[list[str], str]]:
         (["--model", "no-such-model-anywhere"], "unknown model"),
         (m + ["--lora-targets", "(", "--method", "lora"], "not a regular expression"),
         (m + ["--precision", "fp64"], "invalid choice"),
-        (job + ["--price-table", str(tmp / "prices-negative.csv")], "usd_per_gpu_hour"),
+        (job + ["--price-table", str(tmp / "prices-negative.csv")], "must be a positive number"),
         (job + ["--price-table", str(tmp / "prices-huge.csv")], "beyond sense"),
         (job + ["--price-table", str(tmp / "no-prices.csv")], "cannot read price file"),
         (m + ["--calibration", str(tmp / "no-table.json")], "calibration file not found"),

@@ -232,7 +232,8 @@ def test_fit_gpus_rows(capsys):
     rows = {r["gpu"]: r for r in data["gpus"]}
     assert set(rows) == set(tables.gpus())
     for slug, r in rows.items():
-        assert set(r) == {"gpu", "gpus_needed", "device_used_bytes", "memory_bytes", "step_s", "usd_per_gpu_hour"}
+        assert set(r) == {"gpu", "gpus_needed", "device_used_bytes", "memory_bytes", "step_s", "usd_per_gpu_hour",
+                          "safe_device_used_bytes", "price_row"}
         assert r["memory_bytes"] == tables.gpu(slug).memory_bytes
         if r["gpus_needed"] is None:
             assert r["device_used_bytes"] is None and r["step_s"] is None

@@ -20,7 +20,7 @@ REQUIRED_SLUGS = [
     "h200-141gb", "l4-24gb", "l40s-48gb", "a10g-24gb", "a10-24gb", "rtx4090-24gb", "rtx3090-24gb",
     "v100-16gb", "v100-32gb", "t4-16gb",
 ]
-PRICE_HEADER = "slug,provider,usd_per_gpu_hour,pricing,source,date\n"
+PRICE_HEADER = "slug,provider,tier,region,multi_node,usd_per_gpu_hour,pricing,source,date\n"
 
 
 def test_shipped_tables_validate():
@@ -114,8 +114,8 @@ def test_price_by_provider():
 def test_user_price_file_overrides(tmp_path):
     f = tmp_path / "my_prices.csv"
     f.write_text(PRICE_HEADER
-                 + "a100-80gb,mycloud,0.5,on-demand,my contract,2026-01-02\n"
-                 + "a100-80gb,mycloud,0.1,spot,my contract,2026-01-02\n")
+                 + "a100-80gb,mycloud,cloud,unstated,unstated,0.5,on-demand,my contract,2026-01-02\n"
+                 + "a100-80gb,mycloud,cloud,unstated,unstated,0.1,spot,my contract,2026-01-02\n")
     p = tables.price("a100-80gb", path=str(f))
     assert (p.provider, p.usd_per_gpu_hour) == ("mycloud", 0.5)
     assert len(tables.prices(str(f))) == 2
@@ -123,18 +123,18 @@ def test_user_price_file_overrides(tmp_path):
     with pytest.raises(InputError, match="no on-demand price for 'h100-80gb'"):
         tables.price("h100-80gb", path=str(f))
     # Editing the file is seen on the next call.
-    f.write_text(PRICE_HEADER + "a100-80gb,mycloud,0.75,on-demand,my contract v2,2026-02-03\n")
+    f.write_text(PRICE_HEADER + "a100-80gb,mycloud,cloud,unstated,unstated,0.75,on-demand,my contract v2,2026-02-03\n")
     assert tables.price("a100-80gb", path=str(f)).usd_per_gpu_hour == 0.75
 
 
 @pytest.mark.parametrize("body, row, column", [
-    ("a100-80gb,mycloud,1.0,on-demand,,2026-01-02\n", 2, "source"),
-    ("a100-80gb,mycloud,1.0,on-demand,x,2026-01-02\na100-80gb,mycloud,-1,on-demand,x,2026-01-02\n",
+    ("a100-80gb,mycloud,cloud,unstated,unstated,1.0,on-demand,,2026-01-02\n", 2, "source"),
+    ("a100-80gb,mycloud,cloud,unstated,unstated,1.0,on-demand,x,2026-01-02\na100-80gb,mycloud,cloud,unstated,unstated,-1,on-demand,x,2026-01-02\n",
      3, "usd_per_gpu_hour"),
-    ("a100-80gb,mycloud,abc,on-demand,x,2026-01-02\n", 2, "usd_per_gpu_hour"),
-    ("a100-80gb,mycloud,1.0,on-demand,x,02/01/2026\n", 2, "date"),
-    ("a100-80gb,mycloud,1.0,hourly,x,2026-01-02\n", 2, "pricing"),
-    ("b900,mycloud,1.0,on-demand,x,2026-01-02\n", 2, "slug"),
+    ("a100-80gb,mycloud,cloud,unstated,unstated,abc,on-demand,x,2026-01-02\n", 2, "usd_per_gpu_hour"),
+    ("a100-80gb,mycloud,cloud,unstated,unstated,1.0,on-demand,x,02/01/2026\n", 2, "date"),
+    ("a100-80gb,mycloud,cloud,unstated,unstated,1.0,hourly,x,2026-01-02\n", 2, "pricing"),
+    ("b900,mycloud,cloud,unstated,unstated,1.0,on-demand,x,2026-01-02\n", 2, "slug"),
 ])
 def test_malformed_price_file_names_file_row_column(tmp_path, body, row, column):
     f = tmp_path / "bad.csv"
@@ -218,3 +218,41 @@ def test_numbers_are_finite():
                       "int8_dense_tops"):
             v = getattr(spec, field)
             assert v is None or math.isfinite(v)
+
+
+# ---- price rows a user can trust (issue 15 item 4) ----------------------------------------------
+
+def _offers(tmp_path):
+    f = tmp_path / "offers.csv"
+    f.write_text(PRICE_HEADER
+                 + "h100-80gb,cheaphost,community,unstated,unstated,1.5,on-demand,a,2026-01-02\n"
+                 + "h100-80gb,bigcloud,cloud,us-east-1,yes,6.0,on-demand,b,2026-01-02\n"
+                 + "h100-80gb,gpucloud,cloud,unstated,unstated,3.0,on-demand,c,2026-01-02\n"
+                 + "h100-80gb,gpucloud,cloud,unstated,unstated,0.9,spot,d,2026-01-02\n")
+    return str(f)
+
+
+def test_price_kind_and_provider_choose_the_row(tmp_path):
+    path = _offers(tmp_path)
+    assert tables.price("h100-80gb", path).provider == "cheaphost"            # cheapest on-demand
+    assert tables.price("h100-80gb", path, tier="cloud").provider == "gpucloud"
+    assert tables.price("h100-80gb", path, provider="bigcloud").usd_per_gpu_hour == 6.0
+    with pytest.raises(InputError, match="of tier 'secure'"):
+        tables.price("h100-80gb", path, tier="secure")
+
+
+def test_a_multi_node_job_is_priced_on_a_multi_node_offering(tmp_path):
+    path = _offers(tmp_path)
+    row = tables.price("h100-80gb", path, nodes=2)
+    assert (row.provider, row.multi_node) == ("bigcloud", "yes")
+    assert row.label() == "bigcloud cloud on-demand, us-east-1 (2026-01-02)"
+
+
+def test_the_output_names_the_price_row(tmp_path, capsys):
+    from tests.scripts_loader import call_main, load_script
+
+    cli = load_script("estimate")
+    code, out, err = call_main(cli, capsys, "--model", "llama-3.2-1b", "--samples", "1000", "--gpu", "h100-80gb",
+                               "--price-table", _offers(tmp_path), "--price-kind", "cloud")
+    assert code == 0, err
+    assert "at $3.00/GPU-h (gpucloud cloud on-demand (2026-01-02))" in out
