@@ -58,6 +58,8 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--hours", type=flags.bounded("hours"), help="with --chinchilla: wall-clock budget")
     p.add_argument("--mfu", type=flags.bounded("mfu"), help="with --chinchilla: achieved fraction (default: table)")
     p.add_argument("--json", action="store_true", help="print the result object as JSON")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="with --fit-gpus: memory per GPU against capacity; with --max-batch/--max-seq: memory curve")
     p.add_argument("--verbose", action="store_true", help="let the libraries' warnings and log lines through")
     p.add_argument("--trace", action="store_true",
                    help="also trace the real step on fake tensors (needs torch; profiler.trace) and show it beside")
@@ -79,12 +81,17 @@ def _answer(args) -> report.Result:
         return report.chinchilla(planner.chinchilla(args.gpu, gpus, args.hours, args.mfu))
     resolved = flags.resolve(args)
     w = resolved.workload
+    if args.plot and not (args.fit_gpus or args.max_batch or args.max_seq):
+        raise InputError("--plot draws the answer of --fit-gpus, --max-batch or --max-seq")
     if args.fit_gpus:
-        return report.fit_gpus(w, planner.fit_table(w, args.calibration, args.price_table, args.provider,
-                                                    args.price_kind))
+        rows = planner.fit_table(w, args.calibration, args.price_table, args.provider, args.price_kind)
+        return _plotted(report.fit_gpus(w, rows), args, lambda plots: plots.fit_gpus(w, rows, args.calibration,
+                                                                                   args.plot))
     if args.max_batch or args.max_seq:
         field, search = ("batch", planner.max_batch) if args.max_batch else ("seq", planner.max_seq)
-        return report.largest(w, args.gpu, field, search(w, args.gpu, args.calibration))
+        value = search(w, args.gpu, args.calibration)
+        return _plotted(report.largest(w, args.gpu, field, value), args,
+                        lambda plots: plots.largest(w, args.gpu, field, value, args.calibration, args.plot))
     job = _job(args, resolved)
     if args.cheapest:
         if job is None or args.deadline_hours is None or args.deadline_hours <= 0:
@@ -93,6 +100,17 @@ def _answer(args) -> report.Result:
         return report.cheapest(w, args.deadline_hours, found)
     result = estimate(w, args.gpu, args.calibration, job, args.inter_node)
     return report.estimate(result, planner.advice(result, args.calibration))
+
+
+def _plotted(result: report.Result, args, draw) -> report.Result:
+    """The answer, and its picture written to --plot (estimator/plots.py, imported only then)."""
+    if not args.plot:
+        return result
+    from estimator import plots
+
+    with quiet_libraries(args.verbose):
+        path = draw(plots)
+    return report.Result({**result.data, "plot": str(path)}, result.text + f"\nplot: {path}")
 
 
 def _with_sources(result: report.Result, args) -> report.Result:
