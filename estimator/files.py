@@ -94,6 +94,15 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write(path, write: Callable[[Path], object]) -> Path:
     """Call `write(tmp_path)` to fill a temporary file next to `path` (a library that writes to a
     path itself: pandas, matplotlib), fsync it, replace `path`, fsync the folder. Returns `path`."""
@@ -104,6 +113,7 @@ def atomic_write(path, write: Callable[[Path], object]) -> Path:
         write(Path(tmp))
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, _mode_for(path))          # mkstemp makes 0600: keep the target's, else the umask's
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -42,3 +42,21 @@ def test_bad_plot_targets_are_refused(tmp_path, capsys):
                    "estimate.py", tmp_path)
     assert_refused(CLI, capsys, m + ["--plot", str(tmp_path / "a.png")], "--plot draws the answer",
                    "estimate.py", tmp_path)
+
+
+def test_written_files_get_ordinary_permissions(tmp_path):
+    import os
+
+    from estimator.files import atomic_write_text
+
+    umask = os.umask(0o022)
+    try:
+        new = atomic_write_text(tmp_path / "new.txt", "x")
+        assert new.stat().st_mode & 0o777 == 0o644           # not mkstemp's 0600
+        kept = tmp_path / "kept.txt"
+        kept.write_text("old")
+        kept.chmod(0o600)
+        atomic_write_text(kept, "new")
+        assert kept.stat().st_mode & 0o777 == 0o600           # an existing file keeps its mode
+    finally:
+        os.umask(umask)
