@@ -71,47 +71,76 @@ class FitRow:
         return asdict(self)
 
 
+def _levers(w: Workload) -> list[tuple[str, dict]]:
+    """The cheap levers, cheapest first (issue 15): the same effective batch one sample at a time,
+    checkpointing, an 8-bit optimizer, LoRA instead of full, QLoRA, ZeRO-3 over the GPUs of a node,
+    and offload. Inference: 8-bit then 4-bit weights."""
+    out = []
+    if w.batch > 1:
+        out.append((f"--batch 1 --grad-accum {w.grad_accum * w.batch}", dict(batch=1, grad_accum=w.grad_accum * w.batch)))
+    if w.training and not w.grad_ckpt:
+        out.append(("--grad-ckpt", dict(grad_ckpt=True)))
+    if w.training and w.optimizer in ("adamw", "paged-adamw"):
+        out.append(("--optimizer adamw-8bit", dict(optimizer="adamw-8bit")))
+    if w.method == "full":
+        out.append(("--method lora", dict(method="lora")))
+    if w.method in ("full", "lora") and w.quant == "none":
+        out.append(("--method qlora", dict(method="qlora", quant="nf4",
+                                           precision="bf16" if w.precision.startswith("amp") else w.precision)))
+    if w.training and w.fsdp == "none" and w.zero < 3 and w.world_size == 1:
+        out.append((f"--zero 3 --gpus {GPUS_PER_NODE}", dict(zero=3, gpus=GPUS_PER_NODE)))
+    if w.training and w.fsdp == "none" and w.offload == "none":
+        out.append(("--zero 3 --offload optimizer+params", dict(zero=3, offload="optimizer+params")))
+    if w.method == "inference" and w.quant == "none":
+        out += [("--quant int8", dict(quant="int8")), ("--quant nf4", dict(quant="nf4"))]
+    return out
+
+
+def _cost(base: Estimate, trial: Estimate) -> str:
+    """What a lever costs in time, relative to the workload as given."""
+    if base.workload.training:
+        samples = lambda e: e.workload.batch * e.workload.grad_accum * e.workload.dp   # noqa: E731
+        before, after = base.time.step_s / samples(base), trial.time.step_s / samples(trial)
+        what = "time per sample"
+    else:
+        before, after = 1 / base.time.tokens_per_s, 1 / trial.time.tokens_per_s
+        what = "time per token"
+    change = after / before - 1
+    text = f"{what} {change:+.0%}" if abs(change) >= 0.005 else f"{what} unchanged"
+    n = trial.workload.world_size
+    return text + (f" on {n} GPUs" if n != base.workload.world_size else "")
+
+
 def advice(result: Estimate, calibration: str = "auto") -> list[str]:
-    """Changes that would make a workload's safe bound fit (tried one at a time), as command-line
-    flags, when it does not; last, how many GPUs it needs."""
+    """When the safe bound does not fit: the levers (tried in order, each alone) that make it fit,
+    each with its time cost; when none alone does, the first run of levers stacked in order that
+    does; then the levers that fit only the estimate, said to be tight; last, how many GPUs it
+    needs as it is."""
     if result.safe_fits:
         return []
     w, slug = result.workload, result.gpu.slug
-    tries = []
-    if w.training and not w.grad_ckpt:
-        tries.append(("--grad-ckpt", dict(grad_ckpt=True)))
-    if w.batch > 1:
-        tries.append((f"--batch {max(1, w.batch // 2)} --grad-accum {w.grad_accum * 2}",
-                      dict(batch=max(1, w.batch // 2), grad_accum=w.grad_accum * 2)))
-    if w.batch > 2:   # the same samples per step, one at a time
-        tries.append((f"--batch 1 --grad-accum {w.grad_accum * w.batch}",
-                      dict(batch=1, grad_accum=w.grad_accum * w.batch)))
-    if w.training and w.batch > 1 and not w.grad_ckpt:
-        tries.append((f"--grad-ckpt --batch 1 --grad-accum {w.grad_accum * w.batch}",
-                      dict(grad_ckpt=True, batch=1, grad_accum=w.grad_accum * w.batch)))
-    if w.method == "full":
-        tries.append(("--method lora", dict(method="lora")))
-        tries.append(("--method qlora", dict(method="qlora", quant="nf4", precision="bf16")))
-        if w.optimizer == "adamw":
-            tries.append(("--optimizer adamw-8bit", dict(optimizer="adamw-8bit")))
-    if w.method == "lora":
-        tries.append(("--method qlora", dict(method="qlora", quant="nf4")))
-    if w.method == "inference" and w.quant == "none":
-        tries.append(("--quant nf4", dict(quant="nf4")))
-    out, tight = [], []
-    for flag, change in tries:
-        if flag.startswith("--batch") and any(o.startswith("--batch") for o in out):
-            continue                      # halving the batch already fits: batch 1 is not news
+    out, tight, stacked, applied = [], [], {}, []
+    for flag, change in _levers(w):
         try:
             trial = estimate(w.with_(**change), slug, calibration)
         except InputError:
             continue
         if trial.safe_fits:
-            out.append(flag)
+            out.append(f"{flag} ({_cost(result, trial)})")
         elif trial.verdict == "tight":
-            tight.append(f"{flag} (tight: fits, its safe bound does not)")
+            tight.append(f"{flag} (tight: the estimate fits, its safe bound does not; {_cost(result, trial)})")
     if not out:
-        out += tight
+        for flag, change in _levers(w):           # stacked in order until the bound fits
+            try:
+                trial = estimate(w.with_(**{**stacked, **change}), slug, calibration)
+            except InputError:
+                continue
+            stacked.update(change)
+            applied.append(flag)
+            if len(applied) > 1 and trial.safe_fits:
+                out.append(" ".join(applied) + f" ({_cost(result, trial)})")
+                break
+    out += tight                                 # what fits only the estimate, said as such
     need = gpus_needed(w, slug, calibration)
     if need is not None:
         out.append(f"{need.workload.world_size} x {slug}"
