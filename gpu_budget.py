@@ -3,6 +3,7 @@ are the project's command lines.
 
   gpu-budget estimate ...   estimator/cli.py  (as python scripts/estimate.py)
   gpu-budget profile ...    profiler/cli.py   (as python scripts/profile.py)
+  gpu-budget import FILE    profiler/imports.py (as python scripts/profile.py import FILE)
   gpu-budget fit ...        fitting/cli.py    (refit a calibration table from measurements)
 """
 
@@ -13,6 +14,7 @@ import sys
 
 COMMANDS = {"estimate": ("estimator.cli", "predict memory, time and cost of a job"),
             "profile": ("profiler.cli", "measure real steps and compare with the estimator"),
+            "import": ("profiler.imports", "store published or your own measurements (CSV/JSON) with provenance"),
             "fit": ("fitting.cli", "refit a GPU's calibration table from measurements")}
 
 

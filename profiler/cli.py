@@ -78,6 +78,10 @@ def _request(args, argv: list[str], prog: str = PROG) -> session.Request:
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["import"]:                 # profile.py import FILE: profiler/imports.py
+        from profiler import imports
+
+        return imports.main(argv[1:], prog=f"{prog} import")
     args = _parser(prog).parse_args(argv)
     try:
         outcome = session.run(_request(args, argv, prog))

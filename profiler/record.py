@@ -23,7 +23,10 @@ from estimator.quantities import MEMORY_QUANTITIES
 from estimator.workload import Workload, lora_targets_from_text
 
 STATUSES = ("ok", "oom", "error", "skipped")
-BACKENDS = ("cuda", "cpu", "trace")
+BACKENDS = ("cuda", "cpu", "trace", "published")
+# what an imported row measured (profiler/imports.py): the record column its value goes to
+METRICS = {"allocated": "peak_allocated_bytes", "reserved": "peak_reserved_bytes", "active": "peak_active_bytes",
+           "device": "device_used_bytes", "capacity": "capacity_bytes", "oom": None}
 
 # (column, meaning). Workload fields come first (one column each, see Workload's docstring).
 _IDENTITY = [
@@ -36,7 +39,8 @@ _RUN = [
     ("status", "ok, oom (the device ran out of memory: does not fit), error (message says why), "
                "skipped (a package it needs is missing; message names it)"),
     ("message", "one line: why an error or skip; on ok rows a note on how it was measured (DeepSpeed torch_adam fallback, allocator retries), else empty"),
-    ("backend", "cuda (measured on a GPU), cpu (real step on CPU: time only), trace (fake-tensor trace)"),
+    ("backend", "cuda (measured on a GPU), cpu (real step on CPU: time only), trace (fake-tensor trace), "
+                "published (a measurement someone published or a user's own job, imported by profile.py import)"),
     ("rank", "process rank for multi-GPU runs (0 for single-process runs)"),
     ("world_size", "number of processes in the run"),
     ("warmup", "untimed warm-up steps before the peaks were reset"),
@@ -72,6 +76,20 @@ _RUN = [
     ("wall_s", "seconds the child process ran, build included"),
     ("started_at", "UTC time the configuration started (ISO 8601)"),
 ]
+# where a measurement came from (profile.py import; empty on the profiler's own rows, which measured
+# every column they fill and stated every Workload field)
+_SOURCE = [
+    ("source", "name of the source of an imported row (its folder under calibrations/measurements/)"),
+    ("locator", "where in the source: repository, path, commit and line or table, or a URL"),
+    ("metric", "what the source measured: allocated, reserved, active, device (whole GPU), capacity "
+               "(\"fits within\"), oom"),
+    ("value_as_printed", "the measured value as the source printed it"),
+    ("unit_as_printed", "its unit as printed (GiB, GB, MiB, MB, B)"),
+    ("conversion", "how the printed value became bytes (GiB = 2^30 B, GB = 1e9 B)"),
+    ("stated", "the Workload fields the source stated (comma list); the others are guessed defaults"),
+    ("peak_active_bytes", "peak of torch.cuda memory_stats active bytes, as a source measured it (bytes)"),
+    ("capacity_bytes", "the run fitted within this much memory (a capacity statement: an upper bound, bytes)"),
+]
 _ENV = [
     ("gpu_name", "device name as torch reports it (or the CPU model for cpu/trace)"),
     ("gpu_slug", "row of estimator/data/gpus.csv matched to the device, empty if none"),
@@ -86,7 +104,7 @@ _ENV = [
     ("hostname", "machine name"),
 ]
 
-COLUMNS: list[tuple[str, str]] = _IDENTITY + _WORKLOAD + _RUN + _ENV
+COLUMNS: list[tuple[str, str]] = _IDENTITY + _WORKLOAD + _RUN + _SOURCE + _ENV
 COLUMN_NAMES: list[str] = [name for name, _ in COLUMNS]
 WORKLOAD_COLUMNS: list[str] = [name for name, _ in _WORKLOAD]
 MEASURED_BYTES = MEMORY_QUANTITIES + ("host_rss_bytes",)
@@ -239,7 +257,7 @@ def check_row(row: dict) -> dict:
         raise ValueError(f"status must be one of {STATUSES}; got {row.get('status')!r}")
     if row.get("backend") not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {row.get('backend')!r}")
-    for name in MEASURED_BYTES:
+    for name in MEASURED_BYTES + ("peak_active_bytes", "capacity_bytes"):
         value = row.get(name)
         if value is not None and (not isinstance(value, int) or value <= 0):
             raise ValueError(f"{name} must be a positive int or None (not measured); got {value!r}")
