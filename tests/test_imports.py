@@ -15,7 +15,7 @@ from profiler import record
 CLI = load_script("profile")
 HEADER = "model,gpu_slug,metric,value,unit,source,locator,method,batch,seq,grad_ckpt,stated\n"
 GOOD = ("llama-3.1-8b,a100-80gb,reserved,22.5,GiB,ms-swift,github.com/modelscope/ms-swift@d2b45ec8:"
-        "docs/Benchmark.md#L40,lora,2,2048,true,\"method,batch,seq\"\n")
+        "Benchmark.md#L40,lora,2,2048,true,\"method,batch,seq\"\n")
 OOM = "llama-3.1-8b,a100-80gb,oom,,,ms-swift,github.com/modelscope/ms-swift@d2b45ec8:x#L41,full,8,4096,,\n"
 
 
@@ -62,7 +62,7 @@ def test_malformed_rows_are_refused_and_nothing_is_stored(tmp_path, capsys):
         "model.csv": (HEADER + GOOD.replace("llama-3.1-8b", "no-such-model-xyz"), "unknown model"),
         "workload.csv": (HEADER + GOOD.replace(",2,2048,", ",0,2048,"), "batch must be between"),
         "source.csv": (HEADER + GOOD.replace(",ms-swift,", ",../escape,"), "short name"),
-        "missing.csv": (HEADER + GOOD.replace("github.com/modelscope/ms-swift@d2b45ec8:docs/Benchmark.md#L40", ""),
+        "missing.csv": (HEADER + GOOD.replace("github.com/modelscope/ms-swift@d2b45ec8:Benchmark.md#L40", ""),
                         "missing locator"),
         "column.csv": (HEADER.replace("stated", "whatever") + GOOD, "unknown columns whatever"),
         "stated.csv": (HEADER + GOOD.replace('"method,batch,seq"', "colour"), "stated names colour"),
