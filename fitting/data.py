@@ -194,6 +194,7 @@ def _select(rows: pd.DataFrame, gpu: str, skipped: dict) -> pd.DataFrame:
     else:
         rows = skip(rows["backend"] == "cpu", "cpu row (time on CPU says nothing about a GPU)")
         rows = skip(rows["backend"] == "trace", "trace row (fitted into the trace table, not a GPU table)")
+        rows = skip(rows["backend"] == "simulated", "simulated device row (tests the code, not hardware)")
         rows = skip(rows["backend"] == "published", "published row (imported measurements are not fitted yet: each needs a fit of what it measured)")
         rows = skip(rows["backend"] != "cuda", "unknown backend")
         rows = skip(rows["gpu_slug"] != gpu, "measured on another GPU")

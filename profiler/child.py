@@ -54,7 +54,8 @@ from estimator.workload import Workload
 from profiler import build, measure, record, steps, zero
 from profiler.build import MissingPackage
 from profiler.case import Case
-from profiler.device import nvml
+from profiler.device import cuda as cuda_device
+from profiler.device import nvml, simulated
 from profiler.env import environment
 from profiler.trace import trace_row
 
@@ -214,10 +215,10 @@ def safe_environment(device: str) -> dict:
         fields = environment(device)
     except Exception:  # e.g. a sticky CUDA error: still name the libraries and the host
         fields = environment("cpu")
-        if device.startswith("cuda"):
+        if cuda_device.is_cuda(device):
             fields.update(dict.fromkeys(_GPU_FIELDS), **_device_fields.get(device, {}))
         return fields
-    if device.startswith("cuda"):
+    if cuda_device.is_cuda(device):
         _device_fields[device] = {k: fields[k] for k in _GPU_FIELDS}
     return fields
 
@@ -237,20 +238,17 @@ def resolve_backend(choice: str) -> str:
     (`check_backend`), so that it becomes an error row rather than no row."""
     if choice != "auto":
         return choice
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if cuda_device.available() else "cpu"
 
 
 def check_backend(backend: str) -> None:
-    import torch
-
-    if backend == "cuda" and not torch.cuda.is_available():
+    if backend == "cuda" and not cuda_device.available():
         raise RuntimeError("backend cuda asked for, but torch.cuda.is_available() is False")
 
 
 def device_name(backend: str, local_rank: int) -> str:
-    return f"cuda:{local_rank}" if backend == "cuda" else "cpu"
+    """Where this rank's tensors go: cuda:LOCAL_RANK (the CPU under a simulated device), or cpu."""
+    return cuda_device.placement(f"cuda:{local_rank}") if backend == "cuda" else "cpu"
 
 
 class DeviceBusy(RuntimeError):
@@ -286,18 +284,10 @@ def setup_device(backend: str, local_rank: int):
     one-element tensor)."""
     if backend != "cuda":
         return "cpu", None, nvml.InitReading(None, None)
-    import torch
-
     device = device_name(backend, local_rank)
     handle = nvml.open_device(local_rank)
     check_idle(handle)
-
-    def init() -> None:
-        torch.cuda.init()
-        torch.cuda.set_device(device)
-        torch.empty(1, device=device)
-
-    reading = nvml.init_reading(handle, init, lambda: torch.cuda.memory_reserved(device))
+    reading = nvml.init_reading(handle, lambda: cuda_device.init(device), lambda: cuda_device.reserved_now(device))
     safe_environment(device)  # the GPU fields, while the device is healthy (kept for error rows)
     return device, handle, reading
 
@@ -376,10 +366,11 @@ def init_process_group(w: Workload, backend: str, world_size: int) -> None:
     global _owned_group
     import torch.distributed as dist
 
-    dist_backend = "nccl" if backend == "cuda" else "gloo"
+    host = backend == "cpu" or simulated.active()     # the simulated device's tensors are on the CPU
+    dist_backend = "gloo" if host else "nccl"
     already = dist.is_initialized()
     if w.zero:
-        if backend == "cpu":
+        if host:
             zero.use_cpu_accelerator()
         zero.init_distributed(dist_backend)
     elif world_size > 1 and not already:
@@ -453,6 +444,8 @@ def build_row(args: argparse.Namespace, rank: int, local_rank: int, world_size: 
         row["status"], row["message"] = classify(e)
         row.update(safe_environment(device_name(backend, local_rank)))
     row["wall_s"] = process_wall_s()
+    if backend == "cuda" and simulated.active():
+        row["backend"] = "simulated"          # never mistaken for (or fitted as) a hardware row
     return row
 
 

@@ -83,13 +83,20 @@ def device_fields(device: str) -> dict:
     On cpu the name is the CPU model and the GPU-only fields are None."""
     import torch
 
+    from profiler.device import cuda as cuda_device
+    from profiler.device import simulated
+
     cuda = torch.version.cuda or None
-    if not device.startswith("cuda"):
+    if not cuda_device.is_cuda(device):
         return {"gpu_name": cpu_name(), "gpu_slug": None, "gpu_memory_bytes": None,
                 "driver": _nvml_driver() if cuda else None, "cuda": cuda}
-    props = torch.cuda.get_device_properties(torch.device(device))
-    return {"gpu_name": props.name, "gpu_slug": match_gpu_slug(props.name, int(props.total_memory)),
-            "gpu_memory_bytes": int(props.total_memory), "driver": _nvml_driver(), "cuda": cuda}
+    name, total = cuda_device.properties(device)
+    if simulated.active():
+        real = name.removesuffix(" (simulated)")
+        return {"gpu_name": name, "gpu_slug": match_gpu_slug(real, total), "gpu_memory_bytes": total,
+                "driver": "simulated", "cuda": cuda}
+    return {"gpu_name": name, "gpu_slug": match_gpu_slug(name, total),
+            "gpu_memory_bytes": total, "driver": _nvml_driver(), "cuda": cuda}
 
 
 def environment(device: str) -> dict:

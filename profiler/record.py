@@ -23,7 +23,7 @@ from estimator.quantities import MEMORY_QUANTITIES
 from estimator.workload import Workload, lora_targets_from_text
 
 STATUSES = ("ok", "oom", "error", "skipped")
-BACKENDS = ("cuda", "cpu", "trace", "published")
+BACKENDS = ("cuda", "cpu", "trace", "published", "simulated")
 # what an imported row measured (profiler/imports.py): the record column its value goes to
 METRICS = {"allocated": "peak_allocated_bytes", "reserved": "peak_reserved_bytes", "active": "peak_active_bytes",
            "device": "device_used_bytes", "capacity": "capacity_bytes", "oom": None}
@@ -40,7 +40,8 @@ _RUN = [
                "skipped (a package it needs is missing; message names it)"),
     ("message", "one line: why an error or skip; on ok rows a note on how it was measured (DeepSpeed torch_adam fallback, allocator retries), else empty"),
     ("backend", "cuda (measured on a GPU), cpu (real step on CPU: time only), trace (fake-tensor trace), "
-                "published (a measurement someone published or a user's own job, imported by profile.py import)"),
+                "published (a measurement someone published or a user's own job, imported by profile.py import), "
+                "simulated (the CUDA code path run on a simulated device: tests, not hardware)"),
     ("rank", "process rank for multi-GPU runs (0 for single-process runs)"),
     ("world_size", "number of processes in the run"),
     ("warmup", "untimed warm-up steps before the peaks were reset"),

@@ -470,7 +470,13 @@ class GpuInfo:
     count: int
 
 
-_PROBE = ("import json, torch\n"
+_PROBE = ("import json, os, torch\n"
+          "sim = os.environ.get('PROFILER_SIMULATED_DEVICE')\n"
+          "if sim is not None:\n"
+          "    from profiler.device import simulated\n"
+          "    s = simulated.spec()\n"
+          "    print(json.dumps({'count': s.count, 'name': s.name + ' (simulated)', 'memory_bytes': s.capacity_bytes}))\n"
+          "    raise SystemExit(0)\n"
           "ok = torch.cuda.is_available() and torch.cuda.device_count() > 0\n"
           "p = torch.cuda.get_device_properties(0) if ok else None\n"
           "print(json.dumps({'count': torch.cuda.device_count() if ok else 0,\n"

@@ -9,8 +9,8 @@ Rooms:
   resident memory (psutil).
 - `nvml`: the driver's view (NVML, what `nvidia-smi` shows): device and per-process used memory,
   the CUDA context's size, and the background sampler that keeps peaks.
-- `simulated` (reserved): a simulated device for tests without a GPU, which a later GPU issue adds
-  here, beside the real ones.
+- `simulated`: a simulated CUDA device (PROFILER_SIMULATED_DEVICE) for CI without a GPU: the real
+  CUDA code paths run, the allocator, events and NVML are simulated (numbers test code, not hardware).
 
 `clock_for(device)` picks the clock of a device string ("cuda", "cuda:1", "cpu"). A reading that
 could not be taken is None ("not measured"), never 0. Importing this package imports no torch.
@@ -24,6 +24,10 @@ from profiler.device.host import CpuClock
 
 def clock_for(device: str):
     """CUDA events on a cuda device, the wall clock elsewhere."""
+    from profiler.device import simulated
+
+    if simulated.active():
+        return simulated.clock()
     return CudaClock(device) if is_cuda(device) else CpuClock()
 
 

@@ -10,10 +10,59 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from profiler.device import simulated
+
 
 def is_cuda(device: str) -> bool:
-    """True for "cuda" and "cuda:N"."""
-    return str(device).startswith("cuda")
+    """True for "cuda" and "cuda:N", and for the host device standing in for a simulated one
+    (profiler.device.simulated: tensors on the CPU, CUDA's bookkeeping simulated)."""
+    return str(device).startswith("cuda") or (str(device) == "cpu" and simulated.active())
+
+
+def available() -> bool:
+    """torch.cuda.is_available(), or a simulated device."""
+    if simulated.active():
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def placement(device: str) -> str:
+    """Where tensors of `device` live: the CPU under a simulated device."""
+    return "cpu" if simulated.active() else device
+
+
+def init(device: str) -> None:
+    """Start CUDA on `device` (torch.cuda.init, set_device and a first allocation)."""
+    if simulated.active():
+        simulated.start()
+        return
+    import torch
+
+    torch.cuda.init()
+    torch.cuda.set_device(device)
+    torch.empty(1, device=device)
+
+
+def reserved_now(device: str) -> int:
+    """torch.cuda.memory_reserved(device) (the simulated allocator's segments)."""
+    if simulated.active():
+        return simulated.reserved_bytes()
+    import torch
+
+    return int(torch.cuda.memory_reserved(device))
+
+
+def properties(device: str) -> tuple[str, int]:
+    """(name, total memory in bytes) of the device."""
+    s = simulated.spec()
+    if s is not None:
+        return f"{s.name} (simulated)", s.capacity_bytes
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return props.name, int(props.total_memory)
 
 
 @dataclass(frozen=True)
@@ -26,7 +75,9 @@ class AllocatorPeaks:
 
 def reset_peaks(device: str) -> None:
     """Synchronize and reset the allocator's peak statistics (cuda only; no-op elsewhere)."""
-    if is_cuda(device):
+    if simulated.active():
+        simulated.reset_peaks()
+    elif is_cuda(device):
         import torch
 
         torch.cuda.synchronize(device)
@@ -36,6 +87,8 @@ def reset_peaks(device: str) -> None:
 def peaks(device: str) -> AllocatorPeaks:
     """`max_memory_allocated` and `max_memory_reserved` since the last reset; None off cuda (and
     for a 0 reading, which means nothing was measured)."""
+    if simulated.active():
+        return AllocatorPeaks(*simulated.peaks())
     if not is_cuda(device):
         return AllocatorPeaks(None, None)
     import torch
@@ -47,7 +100,9 @@ def peaks(device: str) -> AllocatorPeaks:
 def empty_cache(device: str) -> None:
     """Give the caching allocator's unused blocks back to the driver (cuda only; no-op elsewhere),
     so that blocks cached while the model was built do not stand in the peak reserved."""
-    if is_cuda(device):
+    if simulated.active():
+        simulated.empty_cache()
+    elif is_cuda(device):
         import torch
 
         torch.cuda.synchronize(device)
@@ -59,6 +114,8 @@ def alloc_retries(device: str) -> int | None:
     cache and trying again: each one stalls the step); None off cuda."""
     if not is_cuda(device):
         return None
+    if simulated.active():
+        return 0
     import torch
 
     return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))

@@ -111,6 +111,10 @@ def _mig_enabled(handle) -> bool:
 def open_device(cuda_index: int) -> NvmlDevice | None:
     """The NVML device behind torch's `cuda:cuda_index`, or None where NVML cannot be used or the
     device cannot be identified (see `nvml_index`; a MIG-enabled GPU)."""
+    from profiler.device import simulated
+
+    if simulated.active():
+        return simulated.open_nvml(cuda_index)
     try:
         import pynvml
 
