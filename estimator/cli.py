@@ -122,6 +122,16 @@ def _with_sources(result: report.Result, args) -> report.Result:
     return report.Result(data, result.text + "\n" + "\n".join(resolved.lines()))
 
 
+def _check_traceable(args) -> None:
+    """Refuse an untraceable request at once, before torch loads (profiler/trace_scope.py is torch-free)."""
+    from profiler.trace_scope import check_traceable
+
+    try:
+        check_traceable(flags.workload_from_args(args))
+    except NotImplementedError as exc:
+        raise InputError(f"--trace: {exc}") from None
+
+
 def _trace(args) -> dict:
     """profiler.trace on the same Workload (imported here only: the estimator never imports torch)."""
     scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
@@ -151,6 +161,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         result = _answer(args)
         result = _with_sources(result, args)
         if args.trace:
+            _check_traceable(args)
             with after(PATIENCE_S, "tracing the real step on fake tensors (profiler.trace; seconds to a minute)..."):
                 result = report.with_trace(result, _trace(args))
     except InputError as exc:

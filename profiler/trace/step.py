@@ -30,6 +30,7 @@ from profiler.env import cpu_name
 from profiler.record import check_row, new_row
 from profiler.steps import inference_step, train_step
 from profiler.trace import layers as tl
+from profiler.trace_scope import check_traceable
 
 TRAIN_PHASES = ("forward", "backward", "optimizer")
 INFERENCE_PHASES = ("prefill", "decode")
@@ -97,12 +98,12 @@ def trace(subject, cfg: dict | None = None, layers: int | None = None, repeats: 
 
     `layers=None` traces small models (`repeats` layers of each kind, then one more of each) and
     extrapolates to the model's layer count; `layers=n` traces the first n layers only. Raises
-    NotImplementedError for what cannot be traced (see `_check_traceable`). `rss_bytes` is the
+    NotImplementedError for what cannot be traced (see profiler/trace_scope.py). `rss_bytes` is the
     peak resident memory of this process so far.
     """
     start = time.perf_counter()
     w, cfg = _resolve(subject, cfg)
-    _check_traceable(w)
+    check_traceable(w)
     if layers is not None:
         kinds = tl.layer_kinds(cfg, w)[:layers]
         measures, weights = [_trace_once(tl.reduced_config(cfg, kinds), w)], (1.0,)
@@ -112,17 +113,6 @@ def trace(subject, cfg: dict | None = None, layers: int | None = None, repeats: 
         measures = [_trace_once(tl.reduced_config(cfg, list(kinds)), w) for kinds in p.models]
         weights, extrapolated = p.weights, len(p.models) > 1
     return _result(w, measures, weights, extrapolated, time.perf_counter() - start)
-
-
-def _check_traceable(w: Workload) -> None:
-    """Raise NotImplementedError for what the tracer does not reproduce (one process, torch
-    optimizers, 4-bit quantization)."""
-    if w.world_size > 1 or w.zero or w.tp > 1 or w.pp > 1:
-        raise NotImplementedError("multi-GPU, ZeRO, tensor and pipeline parallel runs are not traced")
-    if w.optimizer not in ("adamw", "sgd", "adafactor"):
-        raise NotImplementedError(f"bitsandbytes optimizer {w.optimizer} does not run on fake tensors")
-    if w.quant == "int8":
-        raise NotImplementedError("int8 (LLM.int8) layers have no stand-in; 4-bit ones do")
 
 
 def _resolve(subject, cfg):

@@ -1,0 +1,17 @@
+"""What the tracer (profiler/trace) reproduces, told without importing torch, so a command line
+refuses an untraceable request at once, before it loads torch (estimator/cli.py --trace)."""
+
+from __future__ import annotations
+
+from estimator.workload import Workload
+
+
+def check_traceable(w: Workload) -> None:
+    """Raise NotImplementedError for what the tracer does not reproduce (one process, torch
+    optimizers, 4-bit quantization)."""
+    if w.world_size > 1 or w.zero or w.tp > 1 or w.pp > 1:
+        raise NotImplementedError("multi-GPU, ZeRO, tensor and pipeline parallel runs are not traced")
+    if w.optimizer not in ("adamw", "sgd", "adafactor"):
+        raise NotImplementedError(f"bitsandbytes optimizer {w.optimizer} does not run on fake tensors")
+    if w.quant == "int8":
+        raise NotImplementedError("int8 (LLM.int8) layers have no stand-in; 4-bit ones do")
