@@ -56,7 +56,7 @@ from profiler.build import MissingPackage
 from profiler.case import Case
 from profiler.device import cuda as cuda_device
 from profiler.device import nvml, simulated
-from profiler.env import environment
+from profiler.env import environment, host_environment
 from profiler.trace import trace_row
 
 PARENT_ENV = "PROFILER_PARENT_PID"  # set by profiler.runner: the process this child must not outlive
@@ -214,11 +214,11 @@ def safe_environment(device: str) -> dict:
     try:
         fields = environment(device)
     except Exception:  # e.g. a sticky CUDA error: still name the libraries and the host
-        fields = environment("cpu")
-        if cuda_device.is_cuda(device):
+        fields = host_environment()
+        if cuda_device.is_cuda(device):  # cuda-only
             fields.update(dict.fromkeys(_GPU_FIELDS), **_device_fields.get(device, {}))
         return fields
-    if cuda_device.is_cuda(device):
+    if cuda_device.is_cuda(device):  # cuda-only
         _device_fields[device] = {k: fields[k] for k in _GPU_FIELDS}
     return fields
 
@@ -256,7 +256,7 @@ class DeviceBusy(RuntimeError):
     mix its memory and time into this row."""
 
 
-def launcher_family() -> set[int]:
+def launcher_family() -> set[int]:  # cuda-only
     """This process's parent and the parent's descendants (the other ranks under a launcher, the
     runner itself): processes whose presence on the device is expected."""
     import psutil
@@ -268,7 +268,7 @@ def launcher_family() -> set[int]:
         return set()
 
 
-def check_idle(handle, wait_s: float = nvml.IDLE_WAIT_S) -> None:
+def check_idle(handle, wait_s: float = nvml.IDLE_WAIT_S) -> None:  # cuda-only
     """Raise DeviceBusy when other processes still hold the device after `wait_s` (NVML's process
     list; nothing is checked when NVML cannot say)."""
     busy = nvml.wait_until_idle(handle, launcher_family(), timeout_s=wait_s)
@@ -284,7 +284,10 @@ def setup_device(backend: str, local_rank: int):
     one-element tensor)."""
     if backend != "cuda":
         return "cpu", None, nvml.InitReading(None, None)
-    device = device_name(backend, local_rank)
+    return _setup_cuda(device_name(backend, local_rank), local_rank)
+
+
+def _setup_cuda(device: str, local_rank: int):  # cuda-only
     handle = nvml.open_device(local_rank)
     check_idle(handle)
     reading = nvml.init_reading(handle, lambda: cuda_device.init(device), lambda: cuda_device.reserved_now(device))
@@ -444,7 +447,7 @@ def build_row(args: argparse.Namespace, rank: int, local_rank: int, world_size: 
         row["status"], row["message"] = classify(e)
         row.update(safe_environment(device_name(backend, local_rank)))
     row["wall_s"] = process_wall_s()
-    if backend == "cuda" and simulated.active():
+    if backend == "cuda" and simulated.active():  # cuda-only
         row["backend"] = "simulated"          # never mistaken for (or fitted as) a hardware row
     return row
 

@@ -91,12 +91,25 @@ def device_fields(device: str) -> dict:
         return {"gpu_name": cpu_name(), "gpu_slug": None, "gpu_memory_bytes": None,
                 "driver": _nvml_driver() if cuda else None, "cuda": cuda}
     name, total = cuda_device.properties(device)
-    if simulated.active():
+    if simulated.active():  # cuda-only
         real = name.removesuffix(" (simulated)")
         return {"gpu_name": name, "gpu_slug": match_gpu_slug(real, total), "gpu_memory_bytes": total,
                 "driver": "simulated", "cuda": cuda}
-    return {"gpu_name": name, "gpu_slug": match_gpu_slug(name, total),
-            "gpu_memory_bytes": total, "driver": _nvml_driver(), "cuda": cuda}
+    else:  # hardware-only: a real GPU's driver version
+        return {"gpu_name": name, "gpu_slug": match_gpu_slug(name, total),
+                "gpu_memory_bytes": total, "driver": _nvml_driver(), "cuda": cuda}
+
+
+def host_environment() -> dict:
+    """The environment columns without asking any device (after a device fault): the CPU's
+    fields, the libraries and the host."""
+    import torch
+
+    row = {"gpu_name": cpu_name(), "gpu_slug": None, "gpu_memory_bytes": None, "driver": None,
+           "cuda": torch.version.cuda or None}
+    row.update(library_versions())
+    row["hostname"] = socket.gethostname()
+    return row
 
 
 def environment(device: str) -> dict:

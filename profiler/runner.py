@@ -492,6 +492,6 @@ def detect_gpu(timeout_s: float = 180.0) -> GpuInfo | None:
         info = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError):
         return None
-    if not info.get("count"):
-        return None
-    return GpuInfo(info["name"], int(info["memory_bytes"]), int(info["count"]))
+    if info.get("count"):  # cuda-only
+        return GpuInfo(info["name"], int(info["memory_bytes"]), int(info["count"]))
+    return None

@@ -151,7 +151,7 @@ def resolve_backend(backend: str, explicit_sweep: bool) -> tuple[str, runner_mod
     if backend in ("cpu", "trace"):
         return backend, None, ""
     gpu = runner_mod.detect_gpu()
-    if gpu is not None:
+    if gpu is not None:  # cuda-only
         return "cuda", gpu, ""
     if backend == "cuda":
         raise InputError("--backend cuda: no CUDA GPU found (torch.cuda.is_available() is False)")

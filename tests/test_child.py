@@ -359,6 +359,7 @@ def test_after_a_sticky_cuda_error_the_row_keeps_the_gpu_name_read_before(monkey
         return {**gpu, "torch": "x"}
 
     monkeypatch.setattr(child, "environment", environment)
+    monkeypatch.setattr(child, "host_environment", lambda: environment("cpu"))   # asks no device
     monkeypatch.setattr(child, "_device_fields", {})
     assert child.safe_environment("cuda:0")["gpu_name"] == gpu["gpu_name"]  # read while healthy
     after = child.safe_environment("cuda:0")

@@ -99,3 +99,33 @@ def test_profile_py_runs_a_sweep_and_a_search_on_the_simulated_device(tmp_path, 
     rows = list(__import__("csv").DictReader(open(tmp_path / "search" / "results.csv")))
     by_batch = {int(r["batch"]): r["status"] for r in rows}
     assert by_batch[found["largest_ok"]] == "ok" and by_batch[found["smallest_oom"]] == "oom"
+
+
+def test_a_busy_device_is_refused_after_the_idle_wait(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROFILER_IDLE_WAIT_S", "1")
+    row = _child(tmp_path, {"method": "full"}, busy=[[4242, 2**30]])
+    assert row["status"] == "error"
+    assert "GPU not idle before measuring: pid 4242 (1024 MiB) still hold it after 1 s" in row["message"]
+
+
+def test_without_a_baseline_whole_device_memory_is_not_recorded(tmp_path):
+    row = _child(tmp_path, {"method": "full"}, nvml="none", baseline_bytes=0)
+    assert row["status"] == "ok" and row["device_used_bytes"] is None and row["device_used_source"] is None
+
+
+def test_after_a_sticky_cuda_error_the_row_keeps_no_cpu_name(tmp_path):
+    row = _child(tmp_path, {"method": "full"}, fault="properties")
+    assert row["backend"] == "simulated"
+    assert row["gpu_name"] is None and row["gpu_memory_bytes"] is None     # never the CPU's name
+
+
+def test_launcher_family_is_empty_when_the_parent_is_gone(monkeypatch):
+    import psutil
+
+    from profiler import child
+
+    def gone(pid):
+        raise psutil.NoSuchProcess(pid)
+
+    monkeypatch.setattr(psutil, "Process", gone)
+    assert child.launcher_family() == set()

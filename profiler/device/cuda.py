@@ -23,9 +23,10 @@ def available() -> bool:
     """torch.cuda.is_available(), or a simulated device."""
     if simulated.active():
         return True
-    import torch
+    else:  # hardware-only: a real GPU's torch.cuda call
+        import torch
 
-    return torch.cuda.is_available()
+        return torch.cuda.is_available()
 
 
 def placement(device: str) -> str:
@@ -35,34 +36,37 @@ def placement(device: str) -> str:
 
 def init(device: str) -> None:
     """Start CUDA on `device` (torch.cuda.init, set_device and a first allocation)."""
-    if simulated.active():
+    if simulated.active():  # cuda-only
         simulated.start()
-        return
-    import torch
+    else:  # hardware-only: a real GPU's torch.cuda call
+        import torch
 
-    torch.cuda.init()
-    torch.cuda.set_device(device)
-    torch.empty(1, device=device)
+        torch.cuda.init()
+        torch.cuda.set_device(device)
+        torch.empty(1, device=device)
 
 
 def reserved_now(device: str) -> int:
     """torch.cuda.memory_reserved(device) (the simulated allocator's segments)."""
-    if simulated.active():
+    if simulated.active():  # cuda-only
         return simulated.reserved_bytes()
-    import torch
+    else:  # hardware-only: a real GPU's torch.cuda call
+        import torch
 
-    return int(torch.cuda.memory_reserved(device))
+        return int(torch.cuda.memory_reserved(device))
 
 
 def properties(device: str) -> tuple[str, int]:
     """(name, total memory in bytes) of the device."""
     s = simulated.spec()
-    if s is not None:
+    if s is not None:  # cuda-only
+        simulated.check_fault()
         return f"{s.name} (simulated)", s.capacity_bytes
-    import torch
+    else:  # hardware-only: a real GPU's torch.cuda call
+        import torch
 
-    props = torch.cuda.get_device_properties(torch.device(device))
-    return props.name, int(props.total_memory)
+        props = torch.cuda.get_device_properties(torch.device(device))
+        return props.name, int(props.total_memory)
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,9 @@ class AllocatorPeaks:
 
 def reset_peaks(device: str) -> None:
     """Synchronize and reset the allocator's peak statistics (cuda only; no-op elsewhere)."""
-    if simulated.active():
+    if simulated.active():  # cuda-only
         simulated.reset_peaks()
-    elif is_cuda(device):
+    elif is_cuda(device):  # hardware-only: a real GPU's torch.cuda call
         import torch
 
         torch.cuda.synchronize(device)
@@ -87,22 +91,23 @@ def reset_peaks(device: str) -> None:
 def peaks(device: str) -> AllocatorPeaks:
     """`max_memory_allocated` and `max_memory_reserved` since the last reset; None off cuda (and
     for a 0 reading, which means nothing was measured)."""
-    if simulated.active():
+    if simulated.active():  # cuda-only
         return AllocatorPeaks(*simulated.peaks())
     if not is_cuda(device):
         return AllocatorPeaks(None, None)
-    import torch
+    else:  # hardware-only: a real GPU's torch.cuda call
+        import torch
 
-    return AllocatorPeaks(int(torch.cuda.max_memory_allocated(device)) or None,
-                          int(torch.cuda.max_memory_reserved(device)) or None)
+        return AllocatorPeaks(int(torch.cuda.max_memory_allocated(device)) or None,
+                              int(torch.cuda.max_memory_reserved(device)) or None)
 
 
 def empty_cache(device: str) -> None:
     """Give the caching allocator's unused blocks back to the driver (cuda only; no-op elsewhere),
     so that blocks cached while the model was built do not stand in the peak reserved."""
-    if simulated.active():
+    if simulated.active():  # cuda-only
         simulated.empty_cache()
-    elif is_cuda(device):
+    elif is_cuda(device):  # hardware-only: a real GPU's torch.cuda call
         import torch
 
         torch.cuda.synchronize(device)
@@ -114,14 +119,15 @@ def alloc_retries(device: str) -> int | None:
     cache and trying again: each one stalls the step); None off cuda."""
     if not is_cuda(device):
         return None
-    if simulated.active():
+    if simulated.active():  # cuda-only
         return 0
-    import torch
+    else:  # hardware-only: a real GPU's torch.cuda call
+        import torch
 
-    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+        return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
 
 
-class CudaClock:
+class CudaClock:  # hardware-only: CUDA events on a real stream
     """CUDA event marks on the current stream of `device`; read after `sync()`."""
 
     def __init__(self, device: str):

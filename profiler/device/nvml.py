@@ -31,7 +31,8 @@ from typing import Callable
 
 SAMPLE_INTERVAL_S = 0.02
 JOIN_TIMEOUT_S = 5.0      # a sampler stuck in an NVML call is abandoned (daemon thread), not waited on
-IDLE_WAIT_S = 30.0        # how long a child waits for other processes to leave the device
+# how long a child waits for other processes to leave the device (PROFILER_IDLE_WAIT_S overrides)
+IDLE_WAIT_S = float(os.environ.get("PROFILER_IDLE_WAIT_S", "30"))
 IDLE_POLL_S = 1.0
 SOURCE_PROCESS = "nvml-process"
 SOURCE_DEVICE_DELTA = "nvml-device-delta"
@@ -41,7 +42,7 @@ Probe = Callable[[], "int | None"]
 
 
 @dataclass(frozen=True)
-class NvmlDevice:
+class NvmlDevice:  # hardware-only: pynvml reads a real driver
     """An NVML device handle with the two readings the profiler needs."""
 
     handle: object
@@ -79,7 +80,7 @@ class NvmlDevice:
         return out
 
 
-def nvml_index(cuda_index: int) -> int | None:
+def nvml_index(cuda_index: int) -> int | None:  # hardware-only: pynvml reads a real driver
     """NVML index of torch's CUDA device `cuda_index`, without initialising CUDA; None when it
     cannot be told: a MIG instance in CUDA_VISIBLE_DEVICES, UUIDs NVML cannot resolve, an
     index outside the visible list (reading GPU `cuda_index` instead would measure another
@@ -97,7 +98,7 @@ def nvml_index(cuda_index: int) -> int | None:
         return None
 
 
-def _mig_enabled(handle) -> bool:
+def _mig_enabled(handle) -> bool:  # hardware-only: pynvml reads a real driver
     """True when the GPU runs MIG instances (its whole-device memory is not this instance's)."""
     try:
         import pynvml
@@ -113,9 +114,9 @@ def open_device(cuda_index: int) -> NvmlDevice | None:
     device cannot be identified (see `nvml_index`; a MIG-enabled GPU)."""
     from profiler.device import simulated
 
-    if simulated.active():
+    if simulated.active():  # cuda-only
         return simulated.open_nvml(cuda_index)
-    try:
+    try:  # hardware-only: pynvml reads a real driver
         import pynvml
 
         pynvml.nvmlInit()
@@ -128,7 +129,7 @@ def open_device(cuda_index: int) -> NvmlDevice | None:
         return None
 
 
-def busy_processes(device: NvmlDevice | None, exclude: set[int] | frozenset = frozenset()
+def busy_processes(device: NvmlDevice | None, exclude: set[int] | frozenset = frozenset()  # cuda-only
                    ) -> list[tuple[int, int | None]] | None:
     """Processes other than `exclude` (and this one) that NVML lists on the device; None when
     NVML cannot say (no device, a failing call)."""
@@ -141,7 +142,7 @@ def busy_processes(device: NvmlDevice | None, exclude: set[int] | frozenset = fr
     return [(pid, used) for pid, used in procs if pid not in skip]
 
 
-def wait_until_idle(device: NvmlDevice | None, exclude: set[int] | frozenset = frozenset(),
+def wait_until_idle(device: NvmlDevice | None, exclude: set[int] | frozenset = frozenset(),  # cuda-only
                     timeout_s: float = IDLE_WAIT_S, poll_s: float = IDLE_POLL_S,
                     sleep: Callable[[float], None] = time.sleep,
                     clock: Callable[[], float] = time.monotonic) -> list[tuple[int, int | None]] | None:
@@ -155,12 +156,12 @@ def wait_until_idle(device: NvmlDevice | None, exclude: set[int] | frozenset = f
         sleep(poll_s)
 
 
-def describe_busy(busy: list[tuple[int, int | None]]) -> str:
+def describe_busy(busy: list[tuple[int, int | None]]) -> str:  # cuda-only
     """'pid 123 (2048 MiB), pid 456' for a message."""
     return ", ".join(f"pid {pid}" + (f" ({used / 2**20:.0f} MiB)" if used else "") for pid, used in busy)
 
 
-def used_probe(device: NvmlDevice | None, pid: int | None = None,
+def used_probe(device: NvmlDevice | None, pid: int | None = None,  # cuda-only
                baseline_bytes: int | None = None) -> tuple[Probe | None, str]:
     """(probe, source) for device_used_bytes: this process's memory if NVML reports this process
     now ("nvml-process"), else the whole device's used memory minus `baseline_bytes` (read before
@@ -187,7 +188,7 @@ class InitReading:
     context_bytes: int | None
 
 
-def init_reading(device: NvmlDevice | None, init: Callable[[], None],
+def init_reading(device: NvmlDevice | None, init: Callable[[], None],  # cuda-only
                  allocator_bytes: Callable[[], int]) -> InitReading:
     """Device used memory before `init()` (the baseline of "nvml-device-delta") and the CUDA
     context: used after `init()` minus before, minus `allocator_bytes()` (what PyTorch reserved

@@ -14,6 +14,8 @@ Under it the child runs its real code with `backend cuda`, but tensors live on t
 - events and synchronisation: the wall clock;
 - NVML: "per-process" lists this process with reserved + context bytes, "none" lists no process
   (containers: the whole-device delta path), "mig" maps no device (not measured);
+- `busy` lists other processes on the device (the idle check), `fault` makes the device stop
+  answering after CUDA started (a sticky error);
 - rows are labelled backend `simulated` (profiler/record.py) and never fitted (fitting/data.py).
 Numbers from it test the code paths, not hardware.
 """
@@ -39,6 +41,8 @@ class Spec:
     baseline_bytes: int = 256 * 2**20   # the driver's share before this process (NVML's reading is never 0)
     nvml: str = "per-process"
     count: int = 1
+    busy: tuple = ()          # [[pid, bytes], ...]: other processes NVML lists on the device
+    fault: str = ""           # "properties": the device stops answering once CUDA started (a sticky error)
 
 
 @lru_cache(maxsize=4)
@@ -46,6 +50,8 @@ def _parse(text: str) -> Spec:
     data = json.loads(text) if text.strip() else {}
     if not isinstance(data, dict) or set(data) - set(Spec.__dataclass_fields__):
         raise ValueError(f"{ENV} must be a JSON object with keys among {', '.join(Spec.__dataclass_fields__)}")
+    if "busy" in data:
+        data["busy"] = tuple(tuple(p) for p in data["busy"])
     spec = Spec(**data)
     if spec.nvml not in NVML_MODES or spec.capacity_bytes <= 0 or spec.count < 1:
         raise ValueError(f"{ENV}: nvml must be one of {NVML_MODES}, capacity and count positive")
@@ -185,12 +191,20 @@ class SimulatedNvml:
     def processes(self) -> list[tuple[int, int | None]] | None:
         if self.mode != "per-process":
             return None
-        return [(os.getpid(), self.process_used_bytes(os.getpid()))] if _ALLOCATOR is not None else []
+        others = [(int(pid), int(used) if used else None) for pid, used in spec().busy]
+        mine = [(os.getpid(), self.process_used_bytes(os.getpid()))] if _ALLOCATOR is not None else []
+        return others + mine
 
 
 def open_nvml(index: int) -> SimulatedNvml | None:
     s = spec()
     return None if s.nvml == "mig" else SimulatedNvml(index, s.nvml)
+
+
+def check_fault() -> None:
+    """The configured fault, once CUDA has started: an unrecoverable (sticky) CUDA error."""
+    if spec().fault == "properties" and _ALLOCATOR is not None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
 
 
 def now() -> float:
