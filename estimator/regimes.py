@@ -65,6 +65,11 @@ def regime(w: Workload) -> Regime:
     return cached
 
 
+def kbit_preparation_runs(w: Workload) -> bool:
+    """Whether peft's prepare_model_for_kbit_training runs for `w` (the rule `--kbit-prep auto` follows)."""
+    return _kbit_prep(w.method, w.quant, w.zero, w.fsdp, w.kbit_prep)[0]
+
+
 def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str) -> tuple[bool, str]:
     if method == "inference" or quant == "none":
         return False, ""

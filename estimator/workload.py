@@ -148,6 +148,7 @@ class Workload:
         _check_sizes(self)
         _check_method(self)
         _check_parallel(self)
+        _check_experts(self)
         object.__setattr__(self, "_valid", True)
         return self
 
@@ -170,6 +171,26 @@ def _check_sizes(w: Workload) -> None:
     check_count("new_tokens", w.new_tokens, low=0)
     if w.seq + w.new_tokens > limit("seq"):
         raise InputError(f"seq + new_tokens = {w.seq + w.new_tokens:,} tokens exceeds {limit('seq'):,.0f}")
+
+
+def _check_experts(w: Workload) -> None:
+    """transformers 5.23 runs fused MoE experts through grouped_mm (integrations/moe.py), which
+    takes bf16 only: experts in fp32 (an fp32 or AMP model, or kbit preparation's upcast of the
+    unquantized fused experts under QLoRA) or fp16 fail in the real step (issue 16 item 9)."""
+    if not w.model.is_moe:
+        return
+    from estimator.regimes import kbit_preparation_runs
+
+    if w.precision in ("fp32", "amp-fp16", "amp-bf16", "fp16"):
+        dtype = "fp16" if w.precision == "fp16" else "fp32"
+        why = f"--precision {w.precision} keeps them in {dtype}"
+    elif w.training and kbit_preparation_runs(w):
+        why = "kbit preparation upcasts the unquantized fused experts to fp32 (--kbit-prep off keeps them bf16)"
+    else:
+        return
+    raise InputError(f"{w.model.model_type} experts run through transformers 5.23's grouped_mm (on A100, H100 and newer: "
+                     f"compute capability 8.0+), which takes bf16 "
+                     f"only, and {why}: the step would fail; use bf16 experts")
 
 
 def _check_method(w: Workload) -> None:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from estimator.errors import InputError
+
 from estimator.memory import estimate_memory
 from estimator.model import spec_from_config
 from estimator.params import count_params
@@ -292,19 +294,23 @@ def test_qlora_moe_experts_stay_unquantized():
     tiny Mixtral: V 1000, H 64, expert width 128, 2 layers, 4 experts (top 2), 4/2 heads, untied.
     attention linears 2 x 12,288 = 24,576 (NF4); experts 2 x 4 x 3 x 64 x 128 = 196,608 (bf16);
     routers 2 x 4 x 64 = 512; norms 2 x 128 + 64 = 320; embedding + lm_head 128,000.
-    N = 350,016 (transformers gives 350,016). Non-quantized = 350,016 - 24,576 = 325,440, upcast to
-    fp32 by the kbit preparation (experts included: they are bf16 parameters, not Params4bit).
-    weights = 24,576 x (1/2 + 1/64 + 4/16384) + 4 x 325,440 + 4 x 7,168 (q,v adapters) = 1,343,110 B."""
+    N = 350,016 (transformers gives 350,016). Non-quantized = 350,016 - 24,576 = 325,440. The kbit
+    preparation would upcast them to fp32 (experts included: bf16 parameters, not Params4bit), and
+    grouped_mm then refuses the fp32 experts: that combination is refused (issue 16 item 9). With
+    --kbit-prep off they stay bf16:
+    weights = 24,576 x (1/2 + 1/64 + 4/16384) + 2 x 325,440 + 4 x 7,168 (fp32 q,v adapters) = 692,230 B."""
     cfg = {"model_type": "mixtral", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
            "num_local_experts": 4, "num_experts_per_tok": 2, "tie_word_embeddings": False}
     spec = spec_from_config(cfg, "tiny-moe")
     assert count_params(spec).total == 350_016
     attn = 2 * ATTN_PER_LAYER
-    expected = _nf4(attn, True) + 4 * (350_016 - attn) + 4 * LORA_QV
-    assert expected == 1_343_110
-    got = mem(spec, method="qlora", quant="nf4").weights_bytes
+    expected = _nf4(attn, True) + 2 * (350_016 - attn) + 4 * LORA_QV
+    assert expected == 692_230
+    got = mem(spec, method="qlora", quant="nf4", kbit_prep="off").weights_bytes
     assert abs(got - expected) <= 1
+    with pytest.raises(InputError, match="grouped_mm"):
+        mem(spec, method="qlora", quant="nf4")             # kbit preparation on: fp32 experts
 
 
 # ---- ZeRO, logits, KV cache --------------------------------------------------------------------
