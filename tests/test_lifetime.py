@@ -163,20 +163,29 @@ def test_the_child_env_names_the_runner():
 
 
 class FakeHandle:
-    """An NvmlDevice stand-in whose process list changes with each call (None: NVML cannot say)."""
+    """An NvmlDevice stand-in whose process list changes with each call (None: NVML cannot say)
+    and whose used memory is `used` bytes (None: the reading fails)."""
 
-    def __init__(self, *lists):
-        self.lists = list(lists)
+    def __init__(self, *lists, used=100 * 2**20):
+        self.lists, self.used = list(lists), used
 
     def processes(self):
         return self.lists.pop(0) if len(self.lists) > 1 else self.lists[0]
+
+    def used_bytes(self):
+        if self.used is None:
+            raise RuntimeError("NVML cannot read memory")
+        return self.used
 
 
 def test_busy_processes_leaves_out_this_process_and_the_expected_ones():
     me = os.getpid()
     handle = FakeHandle([(me, 100), (11, 2**30), (12, None)])
     assert nvml.busy_processes(handle, {12}) == [(11, 2**30)]
-    assert nvml.busy_processes(FakeHandle(None)) is None  # NVML cannot say
+    assert nvml.busy_processes(FakeHandle(None, used=None)) is None  # NVML cannot say
+    # no process listed (a container's pid namespace): the device's memory must be back at rest
+    assert nvml.busy_processes(FakeHandle([])) == []
+    assert nvml.busy_processes(FakeHandle(None, used=3 * 2**30)) == [(0, 3 * 2**30)]
     assert nvml.busy_processes(None) is None
 
 
@@ -190,7 +199,7 @@ def test_wait_until_idle_waits_for_a_leftover_to_go_then_gives_up():
     # still there when the time is up: what holds it
     assert nvml.wait_until_idle(FakeHandle([(7, 2**31)]), timeout_s=3, sleep=slept.append,
                                 clock=iter(range(100)).__next__) == [(7, 2**31)]
-    assert nvml.wait_until_idle(FakeHandle(None), timeout_s=3, sleep=slept.append) is None
+    assert nvml.wait_until_idle(FakeHandle(None, used=None), timeout_s=3, sleep=slept.append) is None
 
 
 def test_check_idle_refuses_a_busy_device_and_passes_an_unknown_one(monkeypatch):
@@ -198,6 +207,9 @@ def test_check_idle_refuses_a_busy_device_and_passes_an_unknown_one(monkeypatch)
     with pytest.raises(child.DeviceBusy, match="pid 7 .2048 MiB."):
         child.check_idle(FakeHandle([(7, 2 * 2**30)]), wait_s=0)
     child.check_idle(FakeHandle([]), wait_s=0)
-    child.check_idle(FakeHandle(None), wait_s=0)  # containers: NVML lists nothing it can say
+    child.check_idle(FakeHandle(None), wait_s=0)  # containers: nothing listed, memory at rest
+    child.check_idle(FakeHandle(None, used=None), wait_s=0)  # NVML cannot say at all
+    with pytest.raises(child.DeviceBusy, match="processes NVML does not list .4096 MiB."):
+        child.check_idle(FakeHandle([], used=4 * 2**30), wait_s=0)
     child.check_idle(None, wait_s=0)
     assert child.classify(child.DeviceBusy("GPU not idle"))[0] == "error"

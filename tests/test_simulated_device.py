@@ -129,3 +129,12 @@ def test_launcher_family_is_empty_when_the_parent_is_gone(monkeypatch):
 
     monkeypatch.setattr(psutil, "Process", gone)
     assert child.launcher_family() == set()
+
+
+def test_without_process_lists_a_device_not_back_at_rest_is_busy(tmp_path, monkeypatch):
+    # containers: NVML lists no process; 4 GiB in use before CUDA starts means another tenant or a
+    # run left behind (an idle GPU's driver reserve is well under 1 GiB)
+    monkeypatch.setenv("PROFILER_IDLE_WAIT_S", "1")
+    row = _child(tmp_path, {"method": "full"}, nvml="none", baseline_bytes=4 * GiB)
+    assert row["status"] == "error"
+    assert "processes NVML does not list (4096 MiB) still hold it" in row["message"]

@@ -34,6 +34,8 @@ JOIN_TIMEOUT_S = 5.0      # a sampler stuck in an NVML call is abandoned (daemon
 # how long a child waits for other processes to leave the device (PROFILER_IDLE_WAIT_S overrides)
 IDLE_WAIT_S = float(os.environ.get("PROFILER_IDLE_WAIT_S", "30"))
 IDLE_POLL_S = 1.0
+# an idle GPU's used memory (the driver's reserve) is well under this (PROFILER_IDLE_USED_BYTES overrides)
+IDLE_USED_BYTES = int(os.environ.get("PROFILER_IDLE_USED_BYTES", str(2**30)))
 SOURCE_PROCESS = "nvml-process"
 SOURCE_DEVICE_DELTA = "nvml-device-delta"
 SOURCE_DEVICE = "nvml-device"  # legacy rows only: whole-device used memory, never written now
@@ -132,14 +134,20 @@ def open_device(cuda_index: int) -> NvmlDevice | None:
 def busy_processes(device: NvmlDevice | None, exclude: set[int] | frozenset = frozenset()  # cuda-only
                    ) -> list[tuple[int, int | None]] | None:
     """Processes other than `exclude` (and this one) that NVML lists on the device; None when
-    NVML cannot say (no device, a failing call)."""
+    NVML cannot say (no device, a failing call). Where NVML lists no processes at all (containers),
+    the device counts as idle when its used memory is back at rest (at most IDLE_USED_BYTES before
+    this process starts CUDA); otherwise it is busy with an unnamed holder (pid 0)."""
     if device is None:
         return None
     procs = device.processes()
-    if procs is None:
-        return None
+    if not procs:         # none listed (idle, or a container's other pid namespace) or cannot say
+        used = _safe(device.used_bytes)
+        if used is None:
+            return None
+        return [] if used <= IDLE_USED_BYTES else [(0, used)]
     skip = set(exclude) | {os.getpid()}
     return [(pid, used) for pid, used in procs if pid not in skip]
+
 
 
 def wait_until_idle(device: NvmlDevice | None, exclude: set[int] | frozenset = frozenset(),  # cuda-only
@@ -157,8 +165,9 @@ def wait_until_idle(device: NvmlDevice | None, exclude: set[int] | frozenset = f
 
 
 def describe_busy(busy: list[tuple[int, int | None]]) -> str:  # cuda-only
-    """'pid 123 (2048 MiB), pid 456' for a message."""
-    return ", ".join(f"pid {pid}" + (f" ({used / 2**20:.0f} MiB)" if used else "") for pid, used in busy)
+    """'pid 123 (2048 MiB), pid 456' for a message; pid 0: memory in use with no process listed."""
+    return ", ".join((f"pid {pid}" if pid else "processes NVML does not list")
+                     + (f" ({used / 2**20:.0f} MiB)" if used else "") for pid, used in busy)
 
 
 def used_probe(device: NvmlDevice | None, pid: int | None = None,  # cuda-only
