@@ -44,7 +44,7 @@ DEV_SET = Path(ROOT) / "calibrations" / "measurements" / "published" / "time.csv
 TIME_METRICS = ("step_s", "job_s", "prefill_s")           # seconds: time directly
 RATE_METRICS = ("decode_tokens_per_s_incl_prefill", "decode_tokens_per_s", "total_tokens_per_s")
 _INT = ("gpus", "nodes", "batch", "seq", "new_tokens", "grad_accum", "lora_rank", "zero", "tp")
-_BOOL = ("grad_ckpt", "compiled")
+_BOOL = ("grad_ckpt", "compiled", "liger")
 # the achieved fractions of estimator/data/mfu.csv before issue 11 (MFU applied to hardware FLOPs)
 BEFORE_MFU = {("full", "a100-80gb"): 0.55, ("full", "a100-40gb"): 0.5, ("full", "h100-80gb"): 0.4,
               "full": 0.4, "lora": 0.35, "qlora": 0.25, "inference-prefill": 0.45, "decode-bandwidth": 0.7}
@@ -53,7 +53,7 @@ BEFORE_MFU = {("full", "a100-80gb"): 0.55, ("full", "a100-40gb"): 0.5, ("full", 
 def workload(row: dict) -> Workload:
     """The Workload a dev-set row describes (empty cells: the Workload defaults)."""
     values = {"model": load_spec(row["model"])}
-    for name in ("method", "precision", "attn", "quant", "offload"):
+    for name in ("method", "precision", "attn", "quant", "offload", "fsdp"):
         if row.get(name):
             values[name] = row[name]
     for name in _INT:
@@ -122,7 +122,7 @@ class _Before:
         intra = tables.interconnect(gpu.intra_node_interconnect)
         link = intra if w.nodes == 1 else min(intra, tables.interconnect(inter_node),
                                                 key=lambda li: li.bandwidth_bytes_per_s)
-        return ((3.0 if w.zero == 3 else 2.0) * (n - 1) / n * grad / link.bandwidth_bytes_per_s
+        return ((3.0 if (w.zero == 3 or w.fsdp != "none") else 2.0) * (n - 1) / n * grad / link.bandwidth_bytes_per_s
                 + 2 * (n - 1) * link.latency_s)
 
 
