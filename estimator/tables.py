@@ -391,10 +391,15 @@ def price(slug: str, path: str | None = None, provider: str | None = None, tier:
 
 
 def mfu_default(method: str, gpu_slug: str) -> MfuDefault:
-    """Default MFU for (method, GPU): the GPU's own row, else the method's '*' row."""
+    """Default achieved GEMM fraction (HFU) for (method, GPU): the GPU's own row, else the method's
+    '*' row; LoRA, QLoRA and prefill run the same GEMMs as full training (estimator.compute_time
+    charges their adapters, dequantization and attention separately), so without a row of their own
+    they take full training's."""
     table = _mfu_table()
     slug = gpu_slug.lower()
     row = table.get((method, slug)) or table.get((method, "*"))
+    if row is None and method in ("lora", "qlora", "inference-prefill"):
+        row = table.get(("full", slug)) or table.get(("full", "*"))
     if row is None:
         methods = sorted({m for m, _ in table})
         raise InputError(f"no default MFU for method '{method}' on '{gpu_slug}'; "

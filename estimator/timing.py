@@ -1,9 +1,10 @@
 """Step time, throughput, communication, job time and cost (docs/design.md section 4).
 
 Convention: the achieved fraction the tables hold (`mfu.csv`, calibration `mfu`) is HFU, the
-fraction of the dense peak reached on the FLOPs the GPU executes (`hardware_flops`: activation
-recomputation included). Compute time = hardware FLOPs / (peak x HFU), so a checkpointed run pays
-its recompute once. The `mfu` reported is model FLOPs (no recompute) / (step x peak).
+fraction of the dense peak the GEMMs reach on the FLOPs the GPU executes (activation recomputation
+included), so a checkpointed run pays its recompute once. Compute time of a micro-batch is the sum
+of roofline terms of `estimator.compute_time` (GEMMs by size, attention, elementwise, LoRA
+adapters, dequantization). The `mfu` reported is model FLOPs (no recompute) / (step x peak).
 
 Training step = compute + exposed communication + optimizer step + fixed per-step overhead:
 - communication per step (ring collectives, bytes each GPU sends over the slowest link it
@@ -31,10 +32,12 @@ import math
 from dataclasses import asdict, dataclass
 
 from estimator import tables
+from estimator.compute_time import compute_parts
 from estimator.defaults import time_constant
 from estimator.flops import attention_flops_per_token, decode_flops_per_token, prefill_flops, training_flops
 from estimator.memory import MemoryBreakdown, kv_cache_bytes
 from estimator.params import count_params
+from estimator.regimes import regime
 from estimator.states import local_sizes, lora_params, states_key, weights_bytes
 from estimator.units import TFLOPS
 from estimator.workload import Workload
@@ -61,6 +64,7 @@ class TimeBreakdown:
     decode_tokens_per_s: float = 0.0      # batch / decode_s_per_token (prefill excluded)
     decode_floor_s_per_token: float = 0.0  # launch/host floor of one decode step
     comm_bound: bool = False     # overlappable traffic longer than compute: the step waits on the link
+    compute_parts: dict | None = None  # one micro-batch (or the prefill) by bound (estimator.compute_time)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,25 +111,52 @@ def _gathered_bytes(w: Workload) -> float:
     return weights_bytes(key, p, local_sizes(key, p)) + adapters
 
 
-def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> Comm:
-    """The step's traffic per GPU (module docstring) over the slowest link."""
+def _sharded(w: Workload) -> bool:
+    """Weights gathered per use: ZeRO-3, FSDP full shard and hybrid shard."""
+    return w.zero == 3 or w.fsdp in ("full", "hybrid")
+
+
+def host_link(gpu: tables.GpuSpec) -> tables.Interconnect:
+    """The GPU's link to host memory: its PCIe generation where that is its peer link, else PCIe 4.0
+    x16 (SXM boards: NVLink between GPUs, PCIe to the host)."""
+    name = gpu.intra_node_interconnect
+    return tables.interconnect(name if name.startswith("pcie") else "pcie4-x16")
+
+
+def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str, off: frozenset = frozenset()) -> Comm:
+    """The step's traffic per GPU (module docstring) over the slowest link; hybrid shard keeps the
+    gathers and reduce-scatters inside the node and all-reduces the gradient shards across nodes;
+    parameter offload adds the host-to-GPU copy of each shard per gather."""
     n = w.dp
     if not w.training or n == 1:
         return Comm(0.0, 0.0, 0.0)
     p = count_params(w.model)
     trainable = p.total if w.method == "full" else lora_params(w, p)
     grad = trainable / (w.tp * w.pp) * (2 if w.compute_dtype != "fp32" else 4)
-    ring, k = (n - 1) / n, w.grad_accum
+    k = w.grad_accum
     link = _link(w, gpu, inter_node)
+    hybrid = w.fsdp == "hybrid" and w.nodes > 1 and "hybrid" not in off
+    if hybrid:   # the shard group is one node: its collectives run on the intra-node link
+        link = tables.interconnect(gpu.intra_node_interconnect)
+        n = max(1, regime(w).fsdp_shard)
+    ring = (n - 1) / n
     bw, hop = link.bandwidth_bytes_per_s, 2 * (n - 1) * link.latency_s
-    if w.zero == 3:
-        per_micro = (2.0 * ring * _gathered_bytes(w) + ring * grad) / bw
-        total, after = k * per_micro + k * 3 * hop, 0.0
+    after = 0.0
+    if _sharded(w) or w.fsdp == "grad-op":
+        gathers = 1.0 if w.fsdp == "grad-op" else 2.0    # grad-op keeps the forward's gather for the backward
+        reduces = 1 if (w.fsdp != "none" and k > 1) else k   # accelerate's no_sync under FSDP
+        total = (k * gathers * ring * _gathered_bytes(w) + reduces * ring * grad) / bw + k * 3 * hop
     elif w.zero in (1, 2):
         total = k * (ring * grad / bw + hop)
         after = ring * grad / bw + hop      # the updated weights' all-gather, after the step
     else:
-        total, after = 2.0 * ring * grad / bw + hop, 0.0
+        total = 2.0 * ring * grad / bw + hop
+    if hybrid:   # replicas all-reduce their gradient shard over the inter-node link
+        inter = tables.interconnect(inter_node)
+        r = w.dp // n
+        total += 2.0 * (r - 1) / r * grad / n / inter.bandwidth_bytes_per_s + 2 * (r - 1) * inter.latency_s
+    if w.offload == "optimizer+params" and "offload" not in off:   # each shard copied to the GPU per gather
+        total += k * 2.0 * _gathered_bytes(w) / w.dp / host_link(gpu).bandwidth_bytes_per_s
     tail = min(total, total / w.model.num_layers * time_constant("comm_tail_layers"))
     return Comm(total - tail, tail, after)
 
@@ -135,15 +166,30 @@ def comm_seconds(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> float:
     return communication(w, gpu, inter_node).total_s
 
 
-def optimizer_seconds(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown) -> float:
-    """The optimizer step streams the trainable weights (read and written), their gradients, the
-    optimizer states and master weights (read and written) once. Offloaded states step on the
-    host: not modelled (0)."""
-    if w.offload != "none":
-        return 0.0
+def offload_seconds(w: Workload, gpu: tables.GpuSpec) -> float:
+    """ZeRO-Offload / FSDP CPU offload optimizer step (Ren et al., "ZeRO-Offload", USENIX ATC 2021,
+    section 4: gradients to the host, Adam on the CPU, updated half-precision weights back): the
+    gradient copy (2 bytes per trainable parameter of this rank), the host Adam step (bytes of fp32
+    weights, gradients and both moments read and written over host memory bandwidth) and the weights'
+    copy back (2 bytes), none hidden behind compute (the delayed update is off by default)."""
     p = count_params(w.model)
     trainable = p.total if w.method == "full" else lora_params(w, p)
-    local = trainable / (w.tp * w.pp) / (w.dp if w.zero >= 1 else 1)
+    local = trainable / (w.tp * w.pp) / w.dp
+    pcie = host_link(gpu).bandwidth_bytes_per_s
+    adam = local * time_constant("host_adam_bytes_per_param") / time_constant("host_adam_bytes_per_s")
+    return 2.0 * local / pcie + adam + 2.0 * local / pcie
+
+
+def optimizer_seconds(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown,
+                      off: frozenset = frozenset()) -> float:
+    """The optimizer step streams the trainable weights (read and written), their gradients, the
+    optimizer states and master weights (read and written) once; offloaded states step on the host
+    (`offload_seconds`)."""
+    if w.offload != "none":
+        return 0.0 if "offload" in off else offload_seconds(w, gpu)
+    p = count_params(w.model)
+    trainable = p.total if w.method == "full" else lora_params(w, p)
+    local = trainable / (w.tp * w.pp) / (w.dp if (w.zero >= 1 or w.fsdp != "none") else 1)
     weight_bytes = 4 if (w.precision == "fp32" or w.amp or w.method != "full") else 2
     moved = (2 * local * weight_bytes + memory.gradients_bytes
              + 2 * (memory.optimizer_states_bytes + memory.master_weights_bytes))
@@ -151,20 +197,23 @@ def optimizer_seconds(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown)
 
 
 def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreakdown,
-               inter_node: str) -> TimeBreakdown:
+               inter_node: str, off: frozenset = frozenset()) -> TimeBreakdown:
+    """`off`: mechanisms left out (estimator.compute_time names, "hybrid", "offload"; the bench's ablation)."""
     flops = training_flops(w)
     peak = peak_flops(gpu, w)
-    compute = w.grad_accum * flops.hardware_flops / (peak * hfu)
-    comm = communication(w, gpu, inter_node)
+    parts = compute_parts(w, gpu, hfu, off)
+    compute = w.grad_accum * parts.total_s
+    comm = communication(w, gpu, inter_node, off)
     exposed = comm.exposed_s(compute)
-    opt = optimizer_seconds(w, gpu, memory)
+    opt = optimizer_seconds(w, gpu, memory, off)
     overhead = time_constant("step_overhead_s")
     step = compute + exposed + opt + overhead
     tokens = w.batch * w.seq * w.grad_accum
     model_flops = w.grad_accum * flops.model_flops
     return TimeBreakdown(step, compute, comm.total_s, exposed, tokens * w.dp / step, tokens / (step * w.tp * w.pp),
                          model_flops / (step * peak), peak / TFLOPS, model_flops, optimizer_s=opt,
-                         overhead_s=overhead, hfu=hfu, comm_bound=comm.overlappable_s > compute)
+                         overhead_s=overhead, hfu=hfu, comm_bound=comm.overlappable_s > compute,
+                         compute_parts=parts.to_dict())
 
 
 def _slowdown(w: Workload) -> float:
@@ -219,12 +268,13 @@ def decode_step_seconds(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_
 
 
 def inference_time(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,
-                   memory: MemoryBreakdown) -> TimeBreakdown:
+                   memory: MemoryBreakdown, off: frozenset = frozenset()) -> TimeBreakdown:
     """Prefill is compute-bound (never under the launch floor); each decode step as
     `decode_step_seconds`, at the mean cache size (the cache grows linearly)."""
     peak = peak_flops(gpu, w)
     prefill_work = prefill_flops(w)
-    prefill = max(prefill_work / (peak * hfu), decode_floor_seconds(w))
+    parts = compute_parts(w, gpu, hfu, off)
+    prefill = max(parts.total_s, decode_floor_seconds(w))
     per_token = 0.0
     if w.new_tokens:
         per_token = decode_step_seconds(w, gpu, hfu, bandwidth_fraction, memory, w.seq + w.new_tokens // 2)
@@ -236,7 +286,8 @@ def inference_time(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fract
     decode_rate = w.batch / per_token if per_token else 0.0
     return TimeBreakdown(step, prefill, 0.0, 0.0, tokens * w.dp / step, tokens / step, model_flops / (step * peak),
                          peak / TFLOPS, model_flops, prefill, per_token, hfu=hfu,
-                         decode_tokens_per_s=decode_rate, decode_floor_s_per_token=decode_floor_seconds(w))
+                         decode_tokens_per_s=decode_rate, decode_floor_s_per_token=decode_floor_seconds(w),
+                         compute_parts=parts.to_dict())
 
 
 @dataclass(frozen=True)

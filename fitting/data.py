@@ -38,7 +38,7 @@ from estimator import tables
 from estimator.api import estimate
 from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
 from estimator.errors import InputError
-from estimator.flops import prefill_flops, training_flops
+from estimator.compute_time import hfu_terms
 from estimator.memory import working_sets
 from estimator.timing import decode_floor_seconds, decode_parts
 from estimator.params import count_params
@@ -238,9 +238,14 @@ def _features(w: Workload, gpu_slug: str, row) -> dict:
         "decode_floor_s": 0.0 if w.training else decode_floor_seconds(w), "decode_extra_s": 0.0,
         "decode_slowdown": 1.0,
         "bandwidth": float(gpu.memory_bandwidth_bytes_per_s),
-        "hw_flops": w.grad_accum * training_flops(w).hardware_flops if w.training else 0.0,
-        "prefill_flops": 0.0 if w.training else prefill_flops(w), "decode_bytes": 0.0,
+        "decode_bytes": 0.0,
     }
+    # compute = work / (peak x HFU) + fixed (estimator.compute_time.hfu_terms): the fit inverts it
+    work, fixed = hfu_terms(w, gpu)
+    if w.training:
+        out.update(hw_flops=w.grad_accum * work, compute_fixed_s=w.grad_accum * fixed, prefill_flops=0.0)
+    else:
+        out.update(hw_flops=0.0, compute_fixed_s=fixed, prefill_flops=work)
     if not w.training and w.new_tokens:
         d = decode_parts(w, gpu, m, w.seq + w.new_tokens // 2)
         out.update(decode_bytes=float(d.moved_bytes), decode_floor_s=d.floor_s, decode_extra_s=d.extra_s,

@@ -22,9 +22,11 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    from one kind of device_used reading only (`device_used_source`: nvml-process if it has
    enough points, else nvml-device-delta, else rows without a source; the other kinds' medians
    go to the notes); legacy nvml-device rows (whole-device memory) are never used.
-4. Step time [s] (`_fit_time`): per point the achieved fraction (HFU: hardware FLOPs, recompute
-   included) hardware FLOPs / (peak x (step_s - exposed communication - optimizer step - overhead)); `mfu["method|size"]` and `mfu["method"]` are medians;
-   inference: prefill FLOPs / (peak x prefill_s) ("inference-prefill") and
+4. Step time [s] (`_fit_time`): per point the achieved GEMM fraction (HFU) that inverts
+   estimator.compute_time: work / (peak x (step_s - exposed communication - optimizer step - overhead
+   - the compute parts that do not scale with HFU: attention, elementwise, adapters, dequantization,
+   GEMM bytes)) (`hfu_terms`); `mfu["method|size"]` and `mfu["method"]` are medians;
+   inference: the same on the prefill ("inference-prefill") and
    `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x (s per token / bitsandbytes
    slowdown - eager attention and TP time)), on the steps above the launch floor only.
 """
@@ -290,7 +292,8 @@ def _median_by(values: pd.Series, keys: pd.Series, low: float, high: float) -> t
 def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     mfu, points = {}, {}
     train = frame[frame["training"] & frame["m_step_s"].notna()]
-    busy = train["m_step_s"] - train["exposed_comm_s"] - train["optimizer_s"] - train["overhead_s"]
+    busy = (train["m_step_s"] - train["exposed_comm_s"] - train["optimizer_s"] - train["overhead_s"]
+            - train["compute_fixed_s"])
     train, busy = train[busy > 0], busy[busy > 0]
     achieved = train["hw_flops"] / (train["peak_flops"] * busy)
     sizes = train["params_active"].map(size_bucket)
@@ -301,7 +304,7 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     inf = frame[~frame["training"] & frame["m_prefill_s"].notna()]
     inf = inf[inf["m_prefill_s"] > 1.05 * inf["decode_floor_s"]]   # a prefill at the launch floor: no FLOP rate
     if len(inf):
-        achieved = inf["prefill_flops"] / (inf["peak_flops"] * inf["m_prefill_s"])
+        achieved = inf["prefill_flops"] / (inf["peak_flops"] * (inf["m_prefill_s"] - inf["compute_fixed_s"]))
         name = pd.Series("inference-prefill", index=inf.index)
         for keys in (name + "|" + inf["params_active"].map(size_bucket), name):
             m, n = _median_by(achieved, keys, 0.01, 0.99)

@@ -33,6 +33,7 @@ sys.path.insert(0, ROOT)
 
 from estimator import tables  # noqa: E402
 from estimator.api import DEFAULT_INTER_NODE, estimate  # noqa: E402
+from estimator.timing import inference_time, train_time  # noqa: E402
 from estimator.configs import load_spec  # noqa: E402
 from estimator.flops import prefill_flops, training_flops  # noqa: E402
 from estimator.memory import kv_cache_bytes  # noqa: E402
@@ -44,7 +45,7 @@ DEV_SET = Path(ROOT) / "calibrations" / "measurements" / "published" / "time.csv
 TIME_METRICS = ("step_s", "job_s", "prefill_s")           # seconds: time directly
 RATE_METRICS = ("decode_tokens_per_s_incl_prefill", "decode_tokens_per_s", "total_tokens_per_s")
 _INT = ("gpus", "nodes", "batch", "seq", "new_tokens", "grad_accum", "lora_rank", "zero", "tp")
-_BOOL = ("grad_ckpt", "compiled")
+_BOOL = ("grad_ckpt", "compiled", "liger")
 # the achieved fractions of estimator/data/mfu.csv before issue 11 (MFU applied to hardware FLOPs)
 BEFORE_MFU = {("full", "a100-80gb"): 0.55, ("full", "a100-40gb"): 0.5, ("full", "h100-80gb"): 0.4,
               "full": 0.4, "lora": 0.35, "qlora": 0.25, "inference-prefill": 0.45, "decode-bandwidth": 0.7}
@@ -53,7 +54,7 @@ BEFORE_MFU = {("full", "a100-80gb"): 0.55, ("full", "a100-40gb"): 0.5, ("full", 
 def workload(row: dict) -> Workload:
     """The Workload a dev-set row describes (empty cells: the Workload defaults)."""
     values = {"model": load_spec(row["model"])}
-    for name in ("method", "precision", "attn", "quant", "offload"):
+    for name in ("method", "precision", "attn", "quant", "offload", "fsdp"):
         if row.get(name):
             values[name] = row[name]
     for name in _INT:
@@ -122,8 +123,20 @@ class _Before:
         intra = tables.interconnect(gpu.intra_node_interconnect)
         link = intra if w.nodes == 1 else min(intra, tables.interconnect(inter_node),
                                                 key=lambda li: li.bandwidth_bytes_per_s)
-        return ((3.0 if w.zero == 3 else 2.0) * (n - 1) / n * grad / link.bandwidth_bytes_per_s
+        return ((3.0 if (w.zero == 3 or w.fsdp != "none") else 2.0) * (n - 1) / n * grad / link.bandwidth_bytes_per_s
                 + 2 * (n - 1) * link.latency_s)
+
+
+# mechanisms the ablation turns off one at a time (estimator.compute_time, estimator.timing `off`)
+MECHANISMS = ("gemm_size", "causal_attention", "elementwise", "adapters", "dequant", "offload", "hybrid")
+
+
+def without(w: Workload, gpu_slug: str, est, off: frozenset):
+    """The estimate's time with the mechanisms in `off` left out (same corrections, same memory)."""
+    gpu, hfu = tables.gpu(gpu_slug), est.corrections["mfu"]["value"]
+    if w.training:
+        return train_time(w, gpu, hfu, est.memory, DEFAULT_INTER_NODE, off)
+    return inference_time(w, gpu, hfu, est.corrections["decode_bandwidth_fraction"]["value"], est.memory, off)
 
 
 def kind(w: Workload, row: dict) -> str:
@@ -148,13 +161,17 @@ def score(rows: list[dict]) -> tuple[list[dict], dict]:
             continue
         w = workload(row)
         measured = measured_time(row)
-        after = estimate(w, row["gpu_slug"], "none").time
+        est = estimate(w, row["gpu_slug"], "none")
         before = _Before(w, tables.gpu(row["gpu_slug"]))
-        scored.append({"source": row["source"], "locator": row["locator"], "model": row["model"],
-                       "gpu": row["gpu_slug"], "kind": kind(w, row), "quantized": w.quant != "none",
-                       "measured_s": measured,
-                       "before": predicted_time(row, w, before) / measured - 1.0,
-                       "after": predicted_time(row, w, after) / measured - 1.0})
+        entry = {"source": row["source"], "locator": row["locator"], "model": row["model"],
+                 "gpu": row["gpu_slug"], "kind": kind(w, row), "quantized": w.quant != "none",
+                 "measured_s": measured,
+                 "before": predicted_time(row, w, before) / measured - 1.0,
+                 "after": predicted_time(row, w, est.time) / measured - 1.0}
+        for name in MECHANISMS:
+            t = without(w, row["gpu_slug"], est, frozenset({name}))
+            entry["off:" + name] = predicted_time(row, w, t) / measured - 1.0
+        scored.append(entry)
     return scored, skipped
 
 
@@ -167,6 +184,7 @@ def summary(errors: list[float]) -> dict:
 
 def groups(scored: list[dict]) -> dict:
     out = {}
+    keys = ("before", "after") + tuple("off:" + m for m in MECHANISMS)
     names = ["training, 1 GPU", "training, several GPUs", "inference prefill", "decode, eager", "decode, compiled"]
     for name in names + ["quantized (bitsandbytes)", "all"]:
         if name == "all":
@@ -176,7 +194,7 @@ def groups(scored: list[dict]) -> dict:
         else:
             sel = [r for r in scored if r["kind"] == name]
         if sel:
-            out[name] = {k: summary([r[k] for r in sel]) for k in ("before", "after")}
+            out[name] = {k: summary([r[k] for r in sel]) for k in keys}
     return out
 
 
@@ -190,6 +208,14 @@ def render(result: dict) -> str:
             s = g[k]
             cells.append(f"{s['median_abs']:>14.0%}{s['p90_abs']:>6.0%}{s['signed_median']:>+8.0%}{s['optimistic']:>8.0%}")
         lines.append(f"{name:<26}{g['after']['n']:>4}  {cells[0]:>36}  {cells[1]:>36}")
+    lines += ["", "ablation: median |error| after, and with one mechanism left out"]
+    lines.append(f"{'kind':<26}{'after':>7}" + "".join(f"{m[:10]:>11}" for m in MECHANISMS))
+    for name, g in result["groups"].items():
+        lines.append(f"{name:<26}{g['after']['median_abs']:>7.0%}"
+                     + "".join(f"{g['off:' + m]['median_abs']:>11.0%}" for m in MECHANISMS))
+    lines += ["", "signed median error after, by source (negative: optimistic)"]
+    for source, s in result["sources"].items():
+        lines.append(f"{source:<26}{s['n']:>4}  {s['signed_median']:>+6.0%}  median |error| {s['median_abs']:.0%}")
     if result["skipped"]:
         lines += ["", "left out: " + "; ".join(f"{n} x {why}" for why, n in result["skipped"].items())]
     return "\n".join(lines)
@@ -204,7 +230,11 @@ def main(argv=None) -> int:
     with args.csv.open(newline="") as f:
         rows = list(csv.DictReader(f))
     scored, skipped = score(rows)
-    result = {"rows": len(scored), "groups": groups(scored), "skipped": skipped}
+    sources = {}
+    for r in scored:
+        sources.setdefault(f"{r['source']} ({'train' if r['kind'].startswith('training') else 'infer'})", []).append(r["after"])
+    result = {"rows": len(scored), "groups": groups(scored), "skipped": skipped,
+              "sources": {k: summary(v) for k, v in sorted(sources.items())}}
     if args.rows:
         result["scored"] = scored
     if args.json:

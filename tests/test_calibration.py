@@ -140,9 +140,13 @@ def test_step_time_scales_by_the_mfu_ratio(table_file, llama):
     w = Workload(llama, method="full", batch=2, seq=2048)  # 8B: bucket 1-10B
     plain, cal = estimate(w, GPU, "none"), estimate(w, GPU, str(table_file))
     assert cal.corrections["mfu"] == {"value": 0.5, "from": "calibration (full|1-10B)"}
-    # the compute part scales by the achieved-fraction ratio; optimizer step and overhead do not
-    assert cal.time.compute_s == pytest.approx(plain.time.compute_s * plain.corrections["mfu"]["value"] / 0.5,
-                                               rel=1e-12)
+    # the GEMM FLOPs term scales by the achieved-fraction ratio; attention, elementwise, the GEMMs'
+    # bytes term (estimator.compute_time.hfu_terms), optimizer step and overhead do not
+    from estimator.compute_time import hfu_terms
+    from estimator.tables import gpu as gpu_spec
+    _, fixed = hfu_terms(w, gpu_spec(GPU))
+    assert cal.time.compute_s - fixed == pytest.approx(
+        (plain.time.compute_s - fixed) * plain.corrections["mfu"]["value"] / 0.5, rel=1e-9)
     assert cal.time.step_s - cal.time.compute_s == pytest.approx(plain.time.step_s - plain.time.compute_s,
                                                                  rel=1e-12)
     assert cal.raw_time.step_s == pytest.approx(plain.time.step_s, rel=1e-12)
@@ -154,8 +158,11 @@ def test_inference_prefill_and_decode_use_the_table(table_file, llama):
     # compiled at batch 32: bandwidth-bound (no launch floor, no eager attention term)
     w = Workload(llama, method="inference", batch=32, seq=512, new_tokens=64, compiled=True)
     plain, cal = estimate(w, GPU, "none"), estimate(w, GPU, str(table_file))
-    assert cal.time.prefill_s == pytest.approx(plain.time.prefill_s * plain.corrections["mfu"]["value"] / 0.6,
-                                               rel=1e-12)
+    from estimator.compute_time import hfu_terms
+    from estimator.tables import gpu as gpu_spec
+    _, fixed = hfu_terms(w, gpu_spec(GPU))   # the part of the prefill that does not scale with HFU
+    assert cal.time.prefill_s - fixed == pytest.approx(
+        (plain.time.prefill_s - fixed) * plain.corrections["mfu"]["value"] / 0.6, rel=1e-9)
     bw = plain.corrections["decode_bandwidth_fraction"]["value"]
     assert cal.time.decode_s_per_token == pytest.approx(plain.time.decode_s_per_token * bw / 0.8, rel=1e-9)
 

@@ -79,15 +79,100 @@ def test_inference_throughput_includes_the_prefill(llama):
 def test_recompute_is_charged_once(llama):
     plain = estimate(Workload(llama, batch=2, seq=2048), "h100-80gb", "none")
     ckpt = estimate(Workload(llama, batch=2, seq=2048, grad_ckpt=True), "h100-80gb", "none")
-    peak = 989.4e12
-    hfu = 0.4   # mfu.csv full,h100-80gb: HFU
-    tokens = 2 * 2048
-    # hand: 6 x matmul params x tokens + attention, plus one forward of the layers with checkpointing
-    assert ckpt.time.compute_s / plain.time.compute_s == pytest.approx(1.30, abs=0.03)
-    assert plain.time.compute_s == pytest.approx(6 * LLAMA8B_PARAMS * tokens / (peak * hfu), rel=0.08)
+    peak, hfu, tokens = 989.4e12, 0.4, 2 * 2048   # mfu.csv full,h100-80gb: HFU
+    slow = 1 + (peak * hfu / (H100_BW * 0.7)) / (4096 / 3)   # GEMM 4096 x 4096 x 4096: intensity 4096/3
+    layers = LLAMA8B_PARAMS - 2 * 128256 * 4096 - 65 * 4096   # embedding, lm_head and the 65 norms out
+    head = 128256 * 4096
+    # hand: 3 passes (forward, input and weight gradients) of the layers, plus a recomputed forward
+    gemm_plain = 6 * layers * tokens * slow / (peak * hfu)
+    assert plain.time.compute_parts["gemm_s"] == pytest.approx(gemm_plain + 6 * head * tokens * (
+        1 + (peak * hfu / (H100_BW * 0.7)) * 2 * (4096 * 4096 + 4096 * 128256 + 4096 * 128256)
+        / (2 * 4096 * 4096 * 128256)) / (peak * hfu), rel=1e-6)
+    assert (ckpt.time.compute_parts["gemm_s"] - plain.time.compute_parts["gemm_s"]
+            == pytest.approx(gemm_plain / 3, rel=1e-6))
     # the reported MFU is on model FLOPs: the same FLOPs, a longer step
     assert ckpt.time.model_flops_per_step == plain.time.model_flops_per_step
     assert ckpt.time.mfu < plain.time.mfu
+
+
+def test_small_gemms_reach_a_lower_fraction_of_peak():
+    from estimator.compute_time import gemm_slowdown
+    ridge = 989.4e12 * 0.4 / (H100_BW * 0.7)                  # 168.8 FLOP/B on H100 at these fractions
+    assert gemm_slowdown(4096, 4096, 4096, 2, 989.4e12, 0.4, H100_BW * 0.7) == pytest.approx(1 + ridge / (4096 / 3))
+    # 512 tokens through a 1024-wide layer: intensity 2*512*1024*1024 / (2*(512*1024*2 + 1024*1024)) = 256
+    small = gemm_slowdown(512, 1024, 1024, 2, 989.4e12, 0.4, H100_BW * 0.7)
+    assert small == pytest.approx(1 + ridge / 256)
+    assert small > 1.6 > 1.13 > gemm_slowdown(4096, 4096, 4096, 2, 989.4e12, 0.4, H100_BW * 0.7)
+
+
+def test_causal_attention_runs_half_the_scores_at_the_flash_fraction(llama):
+    t = estimate(Workload(llama, batch=1, seq=8192), "a100-80gb", "none").time
+    fwd = 2 * (4096 + 4096) * 8192 * 32 * 8192               # non-causal count of flops.py
+    assert t.compute_parts["attention_s"] == pytest.approx(0.5 * fwd * 3 / (312e12 * 0.5))   # FA2 paper: 0.5
+    h = estimate(Workload(llama, batch=1, seq=8192), "h100-80gb", "none").time
+    assert h.compute_parts["attention_s"] == pytest.approx(0.5 * fwd * 3 / (989.4e12 * 0.35))  # FA3 paper: 0.35
+    eager = estimate(Workload(llama, batch=1, seq=8192, attn="eager"), "a100-80gb", "none").time
+    scores = 32 * 8192 * 8192 * 32                           # heads x s x s x layers
+    assert eager.compute_parts["attention_s"] == pytest.approx(
+        fwd * 3 / (312e12 * 0.55) + scores * 26 * 3 / (A100_BW * 0.7))
+
+
+def test_elementwise_bytes_counted_from_the_decoder_layer(llama):
+    from estimator.compute_time import layer_elementwise_bytes, loss_bytes_per_token
+    # 2 RMSNorms x 36 B + 2 residual adds x 6 B per hidden element, rotary 20 B per q/k element,
+    # SwiGLU 10 B per intermediate element, attention output transpose 4 B per q element
+    hand = 2 * 36 * 4096 + 12 * 4096 + 20 * (4096 + 1024) + 10 * 14336 + 4 * 4096
+    assert layer_elementwise_bytes(llama, 2, False) == hand == 606208
+    assert layer_elementwise_bytes(llama, 2, True) == 2 * 4 * 4096 + 12 * 4096 + 4 * 5120 + 6 * 14336 + 4 * 4096
+    assert loss_bytes_per_token(llama, 2, False) == 128256 * 28 and loss_bytes_per_token(llama, 2, True) == 0
+    t = estimate(Workload(llama, batch=1, seq=1024), "a100-80gb", "none").time
+    assert t.compute_parts["elementwise_s"] == pytest.approx(
+        (hand * 32 * 3 + 128256 * 28) * 1024 / (A100_BW * 0.7))
+
+
+def test_lora_adapters_stream_their_activations(llama):
+    from estimator.compute_time import adapter_bytes_per_token
+    w = Workload(llama, method="lora", lora_rank=16, lora_targets=("q_proj", "v_proj"), batch=1, seq=1024)
+    # fp32 adapters on a bf16 model: cast in 6 B + read 4 B per input element; out: write 4, scale 8,
+    # add 2 + 4 + 4, cast back 6 = 28 B per output element; q 4096 -> 4096, v 4096 -> 1024; 32 layers
+    per_layer = (10 * 4096 + 28 * 4096) + (10 * 4096 + 28 * 1024)
+    assert adapter_bytes_per_token(w) == 32 * per_layer
+    t = estimate(w, "a100-80gb", "none").time
+    assert t.compute_parts["adapter_s"] == pytest.approx(32 * per_layer * 1024 * 3 / (A100_BW * 0.7))
+
+
+def test_qlora_dequantizes_on_every_use(llama):
+    from estimator.compute_time import dequant_uses
+    w = Workload(llama, method="qlora", quant="nf4", batch=1, seq=512, grad_ckpt=True)
+    p = count_params(llama)
+    per_use = p.linear_weights * (0.5 + 1 / 64 + 2)           # packed + absmax read, bf16 copy written
+    t = estimate(w, "a100-80gb", "none").time
+    assert dequant_uses(w, True) == 3                          # forward, recompute, backward
+    assert t.compute_parts["dequant_s"] == pytest.approx(3 * per_use / (A100_BW * 0.7))
+    lora = estimate(w.with_(method="lora", quant="none"), "a100-80gb", "none").time
+    assert t.compute_s > lora.compute_s                        # QLoRA is slower than LoRA per step
+
+
+def test_cpu_offload_pays_pcie_and_host_adam(llama):
+    w = Workload(llama, gpus=2, zero=2, offload="optimizer", batch=1, seq=1024)
+    local = count_params(llama).total / 2
+    # gradients down and bf16 weights up over PCIe 4.0 x16 (32 GB/s), Adam at 32 B/param over 50 GB/s
+    hand = 2 * local / 32e9 + local * 32 / 50e9 + 2 * local / 32e9
+    assert estimate(w, "h100-80gb", "none").time.optimizer_s == pytest.approx(hand)
+
+
+def test_hybrid_shard_keeps_gathers_inside_the_node(llama):
+    full = Workload(llama, fsdp="full", gpus=8, nodes=2, batch=1, seq=2048)
+    hybrid = full.with_(fsdp="hybrid")
+    tf = estimate(full, "h100-80gb", "none").time
+    th = estimate(hybrid, "h100-80gb", "none").time
+    assert th.comm_s < tf.comm_s / 5
+    # hand: gathers (2 x 7/8 x bf16 weights) and one reduce-scatter of the gradients on NVLink 450 GB/s,
+    # plus the gradient shard's all-reduce between the 2 replicas over ib-hdr (25 GB/s)
+    p = count_params(llama).total
+    grad = 2 * p
+    hand = (2 * 7 / 8 * 2 * p + 7 / 8 * grad) / 450e9 + 3 * 2 * 7 * 2e-6 + 2 * 0.5 * grad / 8 / 25e9 + 2 * 5e-6
+    assert th.comm_s == pytest.approx(hand, rel=0.02)
 
 
 def test_optimizer_step_streams_the_states(llama):

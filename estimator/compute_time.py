@@ -1,0 +1,230 @@
+"""Seconds of the kernels of one micro-batch on one GPU (docs/design.md section 4), split by what bounds
+them. Each part is a roofline term: FLOPs over achieved peak, or bytes over achieved bandwidth.
+
+- gemm: the matmuls of the decoder layers and lm_head. Each GEMM class is charged its FLOPs over
+  peak x HFU plus the bytes it streams (a x (MK + KN + MN)) over achieved bandwidth, so a GEMM whose
+  arithmetic intensity 2MNK / (a (MK + KN + MN)) approaches the GPU's ops:byte ratio runs at a lower
+  fraction of peak (NVIDIA Deep Learning Performance, "Matrix Multiplication Background User's Guide":
+  math-limited when intensity > ops:byte ratio, memory-limited below). Small hidden sizes, small
+  micro-batches and MoE experts (M = tokens x top_k / experts) fall toward the memory limit.
+- attention: causal kernels (SDPA, FlashAttention) skip the masked half of the score FLOPs and run at
+  their own published fraction of peak; eager attention multiplies the full score matrix and streams
+  it (b x heads x s x s elements) through scale, mask, fp32 softmax and cast.
+- elementwise: norms, rotary, activation, residual adds and the fp32 loss, bytes over bandwidth
+  (tensor contractions are 99.8 % of BERT's FLOPs but 61 % of its PyTorch runtime; normalisation and
+  elementwise ops take the rest: Ivanov et al., "Data Movement Is All You Need", MLSys 2021, Table 2).
+- adapters: peft's LoRA path per targeted module (cast to the adapter dtype, two thin matmuls,
+  scaling, add, cast back) is memory-bound: bytes over bandwidth.
+- dequant: bitsandbytes dequantizes each quantized weight to the compute dtype every time it is used
+  (MatMul4Bit.forward and again in .backward, bitsandbytes/autograd/_functions.py), so a QLoRA
+  micro-batch rereads and rewrites the whole base 2 (+1 with recomputation) times.
+
+Passes: forward 1, backward 2 (input and weight gradients; a frozen GEMM only its input gradient),
+recomputation +1 forward of the decoder layers. `off` names mechanisms to leave out (the bench's
+ablation): "gemm_size", "causal_attention", "elementwise", "adapters", "dequant".
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from estimator import tables
+from estimator.defaults import time_constant
+from estimator.flops import attention_flops_per_token, matmul_params
+from estimator.lora_targets import adapter_shapes
+from estimator.model import ModelSpec
+from estimator.params import count_params
+from estimator.regimes import regime
+from estimator.workload import Workload
+
+# FlashAttention-3 (Shah et al. 2024, abstract): FlashAttention-2 reaches only 35 % of peak on H100
+HOPPER_PREFIXES = ("h100", "h200", "h20", "gh200")
+
+
+@dataclass(frozen=True)
+class ComputeParts:
+    """Seconds of one micro-batch (training) or one prefill on one GPU, by bound."""
+
+    gemm_s: float
+    attention_s: float
+    elementwise_s: float
+    adapter_s: float = 0.0
+    dequant_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.elementwise_s + self.adapter_s + self.dequant_s
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def bandwidth(gpu: tables.GpuSpec) -> float:
+    """Achieved bytes/s of streaming kernels."""
+    return gpu.memory_bandwidth_bytes_per_s * time_constant("elementwise_bandwidth_fraction")
+
+
+def gemm_slowdown(m: float, k: float, n: float, a: float, peak: float, hfu: float, bw: float) -> float:
+    """Time of an M x K x N GEMM over its compute-bound time: 1 + ridge / intensity, with
+    intensity = 2MKN / (a (MK + KN + MN)) FLOPs per byte and ridge = achieved FLOP/s / achieved B/s."""
+    if m <= 0:
+        return 1.0
+    intensity = 2.0 * m * k * n / (a * (m * k + k * n + m * n))
+    return 1.0 + (peak * hfu / bw) / intensity
+
+
+def attention_fraction(gpu: tables.GpuSpec) -> float:
+    name = "attention_fraction_hopper" if gpu.slug.startswith(HOPPER_PREFIXES) else "attention_fraction"
+    return time_constant(name)
+
+
+def _ffn_width(spec: ModelSpec) -> float:
+    if spec.num_experts:
+        return spec.experts_per_token * spec.moe_intermediate_size + spec.shared_expert_intermediate_size
+    return spec.intermediate_size
+
+
+def layer_elementwise_bytes(spec: ModelSpec, a: int, liger: bool) -> float:
+    """Forward bytes per token and decoder layer of the unfused ops, counted from transformers'
+    Llama-family code (modeling_llama.py): RMSNorm (to fp32, pow, mean, x rsqrt, to input dtype,
+    x weight: 28 + 4a bytes per element; LayerNorm is one fused kernel: 2a), 2 residual adds (3a),
+    rotary on q and k (apply_rotary_pos_emb: x cos, rotate_half's neg and cat, x sin, add: 10a),
+    the gated activation (act(gate) 2a, x up 3a) and the attention output transpose (2a). Liger's
+    fused RMSNorm (2a), RoPE (2a) and SwiGLU (3a) replace theirs."""
+    d, f = spec.hidden_size, _ffn_width(spec)
+    qk = spec.q_dim + spec.kv_dim
+    if liger:
+        norm, rope, mlp = 2 * a, 2 * a, 3 * a
+    else:
+        norm = (28 + 4 * a) if spec.norm == "rms" else 2 * a
+        rope, mlp = 10 * a, (5 * a if spec.mlp_gated else 2 * a)
+    return spec.norms_per_layer * norm * d + 2 * 3 * a * d + rope * qk + mlp * f + 2 * a * spec.o_dim
+
+
+def loss_bytes_per_token(spec: ModelSpec, a: int, liger: bool) -> float:
+    """transformers' ForCausalLMLoss upcasts the logits to fp32 (a + 4), log_softmax reads and writes
+    fp32 (8), its backward reads and writes fp32 (8) and the gradient is cast back (4 + a). Liger's
+    fused linear cross-entropy never materializes the logits."""
+    return 0.0 if liger else spec.vocab_size * (2 * a + 24)
+
+
+def _passes(w: Workload) -> tuple[float, float]:
+    """(passes of a trained op, passes of a frozen op) over the layers: fwd + bwd (+ recompute)."""
+    re = 1.0 if w.grad_ckpt else 0.0
+    return 3.0 + re, 2.0 + re
+
+
+def _gemm_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, training: bool, off: frozenset) -> float:
+    spec, p = w.model, count_params(w.model)
+    a, peak, bw = w.activation_dtype_bytes, gpu.peak_flops(w.compute_dtype), bandwidth(gpu)
+    layers, head = matmul_params(spec, p)
+    active_experts = p.expert_weights * p.active_expert_fraction
+    dense = layers - active_experts
+    slow = (lambda m, k, n: 1.0) if "gemm_size" in off else (
+        lambda m, k, n: gemm_slowdown(m, k, n, a, peak, hfu, bw))
+    d = spec.hidden_size
+    head_tokens = tokens if training else w.batch       # generate takes logits of the last position
+    expert_tokens = tokens * spec.experts_per_token / spec.num_experts if spec.num_experts else 0.0
+    work = (2.0 * dense * tokens * slow(tokens, d, d)
+            + 2.0 * active_experts * tokens * slow(expert_tokens, d, spec.moe_intermediate_size or d))
+    head_work = 2.0 * head * head_tokens * slow(head_tokens, spec.embed_dim, spec.vocab_size)
+    if training:
+        trained, frozen = _passes(w)
+        layer_passes = trained if w.method == "full" else frozen
+        work = work * layer_passes + head_work * (3.0 if w.method == "full" else 2.0)
+    else:
+        work += head_work
+    return work / (peak * hfu) / (w.tp * w.pp)
+
+
+def _attention_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, training: bool,
+                 off: frozenset) -> float:
+    spec = w.model
+    a, peak = w.activation_dtype_bytes, gpu.peak_flops(w.compute_dtype)
+    fwd = attention_flops_per_token(spec, w.seq) * tokens
+    passes = _passes(w)[0] if training else 1.0
+    if "causal_attention" in off:
+        return fwd * passes / (peak * hfu) / (w.tp * w.pp)
+    if w.attn != "eager":
+        return 0.5 * fwd * passes / (peak * attention_fraction(gpu)) / (w.tp * w.pp)
+    # eager: full score matrix at the GEMM rate, plus its bytes: matmul out (a), x scaling (2a),
+    # + mask (3a), fp32 softmax (a + 4), cast (4 + a), read by the PV matmul (a) = 9a + 8 per element
+    scores = w.batch * spec.num_heads * w.seq * spec.attended_tokens(w.seq)   # summed over layers
+    return (fwd * passes / (peak * hfu) + scores * (9 * a + 8) * passes / bandwidth(gpu)) / (w.tp * w.pp)
+
+
+def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bool) -> float:
+    spec, a, liger = w.model, w.activation_dtype_bytes, regime(w).liger
+    layer = layer_elementwise_bytes(spec, a, liger) * spec.num_layers * tokens
+    if not training:
+        return layer / bandwidth(gpu) / (w.tp * w.pp)
+    total = layer * _passes(w)[0] + loss_bytes_per_token(spec, a, liger) * tokens
+    return total / bandwidth(gpu) / (w.tp * w.pp)
+
+
+def adapter_bytes_per_token(w: Workload) -> float:
+    """Forward bytes per token of peft's LoRA path (tuners/lora/layer.py Linear.forward:
+    x cast to the adapter dtype c, lora_A reads it, lora_B writes c x d_out, x scaling, added to the
+    base output and cast back), summed over the targeted modules."""
+    a, c = w.activation_dtype_bytes, regime(w).adapter_compute_bytes
+    cast = (a + c) if c != a else 0
+    total = 0.0
+    for d_in, d_out, n in adapter_shapes(w.model, w.lora_targets):
+        side_in = (c + cast) * d_in
+        side_out = (c + 2 * c + a + c + max(a, c) + cast) * d_out
+        total += n * (side_in + side_out)
+    return total
+
+
+def _adapter_s(w: Workload, gpu: tables.GpuSpec, tokens: float) -> float:
+    if w.method not in ("lora", "qlora"):
+        return 0.0
+    passes = _passes(w)[0]
+    return adapter_bytes_per_token(w) * tokens * passes / bandwidth(gpu) / (w.tp * w.pp)
+
+
+def dequant_bytes_per_use(w: Workload) -> float:
+    """Bytes one dequantization of the quantized linears moves: the packed weights and their absmax
+    read, the compute-dtype copy written (the GEMM's own read of it is in the GEMM term)."""
+    p = count_params(w.model)
+    quantized = p.linear_weights - p.expert_weights     # bnb replaces nn.Linear only
+    packed = 0.5 + 1.0 / 64 if w.quant in ("nf4", "fp4") else 1.0
+    return quantized * (packed + w.activation_dtype_bytes) / (w.tp * w.pp)
+
+
+def dequant_uses(w: Workload, training: bool) -> float:
+    """Forward, the recomputed forward and the backward's input gradient each dequantize again."""
+    if not training:
+        return 1.0
+    return 2.0 + (1.0 if w.grad_ckpt else 0.0)
+
+
+def _dequant_s(w: Workload, gpu: tables.GpuSpec, training: bool) -> float:
+    if w.quant == "none":
+        return 0.0
+    return dequant_bytes_per_use(w) * dequant_uses(w, training) / bandwidth(gpu)
+
+
+@lru_cache(maxsize=4096)
+def compute_parts(w: Workload, gpu: tables.GpuSpec, hfu: float, off: frozenset = frozenset()) -> ComputeParts:
+    """One training micro-batch (or, for inference, the prefill) on one GPU (memoised on every
+    argument it reads: the frozen Workload and GpuSpec, the fraction and `off`; the constants are
+    the shipped tables)."""
+    training = w.training
+    tokens = float(w.batch * w.seq)
+    gemm = _gemm_s(w, gpu, hfu, tokens, training, off)
+    attention = _attention_s(w, gpu, hfu, tokens, training, off)
+    elementwise = 0.0 if "elementwise" in off else _elementwise_s(w, gpu, tokens, training)
+    adapters = 0.0 if ("adapters" in off or not training) else _adapter_s(w, gpu, tokens)
+    dequant = 0.0 if "dequant" in off else _dequant_s(w, gpu, training)
+    return ComputeParts(gemm, attention, elementwise, adapters, dequant)
+
+
+def hfu_terms(w: Workload, gpu: tables.GpuSpec) -> tuple[float, float]:
+    """(work, fixed_s) with compute_parts(w, gpu, h).total_s = work / (peak x h) + fixed_s: every
+    part is either FLOPs over peak x h or independent of h (the GEMMs' bytes term included), so two
+    evaluations give both. The fitting inverts it: h = work / (peak x (measured - fixed_s))."""
+    t1 = compute_parts(w, gpu, 1.0).total_s
+    t_half = compute_parts(w, gpu, 0.5).total_s
+    return (t_half - t1) * gpu.peak_flops(w.compute_dtype), 2.0 * t1 - t_half
