@@ -241,17 +241,21 @@ def _mutated_table(rng: random.Random) -> dict:
     return table
 
 
+def _random_inputs(rng: random.Random, mutated, n: int = 150):
+    """n inputs in turn: random bytes, random JSON, a real file with some fields made random."""
+    for i in range(n):
+        if i % 3 == 0:
+            yield bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
+        elif i % 3 == 1:
+            yield json.dumps(_random_json(rng)).encode()
+        else:
+            yield json.dumps(mutated(rng)).encode()
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_configs_raise_only_input_error(seed):
-    rng = random.Random(seed)
     accepted = refused = 0
-    for i in range(150):
-        if i % 3 == 0:
-            raw = bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
-        elif i % 3 == 1:
-            raw = json.dumps(_random_json(rng)).encode()
-        else:
-            raw = json.dumps(_mutated_config(rng)).encode()
+    for i, raw in enumerate(_random_inputs(random.Random(seed), _mutated_config)):
         try:
             spec = spec_from_config(_parse_json(raw, "random"), "random")
             for method in ("full", "inference"):   # what passes the guards is estimable
@@ -265,15 +269,8 @@ def test_random_configs_raise_only_input_error(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_random_tables_raise_only_input_error(seed):
-    rng = random.Random(1000 + seed)
     refused = 0
-    for i in range(150):
-        if i % 3 == 0:
-            raw = bytes(rng.randrange(256) for _ in range(rng.randint(0, 64)))
-        elif i % 3 == 1:
-            raw = json.dumps(_random_json(rng)).encode()
-        else:
-            raw = json.dumps(_mutated_table(rng)).encode()
+    for i, raw in enumerate(_random_inputs(random.Random(1000 + seed), _mutated_table)):
         try:
             _parse(f"random-{seed}-{i}", raw, "h100-80gb", False)
         except InputError:
