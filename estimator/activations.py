@@ -89,7 +89,9 @@ def activation_key(w: Workload) -> ActivationKey:
     half module compute in half with no autocast casts)."""
     rg = regime(w)
     precision = rg.activation_precision
-    roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
+    roles, adapters = ((), 0)
+    if w.method in ("lora", "qlora"):
+        roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
                          rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters)

@@ -221,7 +221,8 @@ def matched(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Site, ...]:
         found = tuple(found)
     if not found:
         raise InputError(f"LoRA targets {','.join(targets)} match no module of {spec.model_type} (its modules: "
-                         f"{', '.join(sorted({s.name.rpartition('.')[2] for s in every}))})")
+                         f"{', '.join(sorted({s.name.rpartition('.')[2] for s in every}))}; choose with --lora-targets, "
+                         f"e.g. all-linear)")
     return found
 
 

@@ -162,7 +162,8 @@ def _check_choices(w: Workload) -> None:
             raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
     if not w.lora_targets or not all(isinstance(t, str) and t for t in w.lora_targets):
         raise InputError("LoRA targets must be module names, one regular expression or all-linear; got none")
-    matched(w.model, w.lora_targets)   # InputError when no module matches, as peft raises
+    if w.method in ("lora", "qlora"):
+        matched(w.model, w.lora_targets)   # InputError when no module matches, as peft raises
 
 
 def _check_sizes(w: Workload) -> None:
