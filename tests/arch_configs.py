@@ -70,3 +70,12 @@ TRACED = {
     "deepseek_v2-lite": dict(model_type="deepseek_v2", n_shared_experts=2, first_k_dense_replace=0,
                              q_lora_rank=None, **_MLA_TRACE),
 }
+
+TINY.update({
+    # Llama-4: MoE every second layer with a shared expert, dense layers wider, NoPE every 4th layer
+    # (full attention), the others chunked (cache: a window of attention_chunk_size)
+    "llama4_text": dict(model_type="llama4_text", vocab_size=211, hidden_size=64, intermediate_size=32,
+                        intermediate_size_mlp=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                        attention_chunk_size=8, max_position_embeddings=128),
+})
