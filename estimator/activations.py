@@ -54,6 +54,12 @@ _DROPOUT = {"gpt2": ("attn", "resid", "embed"), "gpt_bigcode": ("attn", "resid",
             "opt": ("resid", "embed"), "phi": ("resid",)}
 _FP32_NORM_WEIGHT = ("olmo2", "gpt_oss")   # RMSNorm: (weight * x) in fp32, then cast (as Gemma)
 _INDEX_BYTES = 8                           # int64 routing indices
+# routers computing in fp32: F.linear(hidden.float(), weight.float()) (DeepseekV2/V3TopkRouter,
+# Glm4MoeTopkRouter, Ernie4_5_MoeTopKRouter, transformers 5.23); ERNIE keeps the weight in fp32
+_FP32_ROUTER = ("deepseek_v2", "deepseek_v3", "glm4_moe", "ernie4_5_moe")
+_FP32_ROUTER_WEIGHT = ("ernie4_5_moe",)
+# sigmoid scores, top-k weights renormalised in place (norm_topk_prob, default True): DeepSeek-V3, GLM-4.5
+_SIGMOID_ROUTER = ("deepseek_v3", "glm4_moe")
 
 
 class ActivationKey(NamedTuple):
@@ -83,7 +89,9 @@ def activation_key(w: Workload) -> ActivationKey:
     half module compute in half with no autocast casts)."""
     rg = regime(w)
     precision = rg.activation_precision
-    roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
+    roles, adapters = ((), 0)
+    if w.method in ("lora", "qlora"):
+        roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
                          rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters)
@@ -164,10 +172,17 @@ def _inner_norm(key: ActivationKey, dt: Dtypes, width: int) -> int:
 
 
 def _mla_attention(key: ActivationKey, dt: Dtypes) -> int:
-    """DeepSeek's latent attention per token: the q_a and kv_a norms and the inputs of q_b_proj and
-    kv_b_proj, the query built by `cat` and the keys by `new_empty` + copies (both heads x
-    (nope + rope)), kv_b_proj's output (the values are a view of it), the output, SDPA's fp32
-    log-sum-exp; o_proj reads a contiguous copy of the output (the query is contiguous per head)."""
+    """DeepSeek's latent attention per token (transformers 5.23 DeepseekV2/V3Attention): the q_a and
+    kv_a norms and the inputs of q_b_proj and kv_b_proj, the query built by `cat` and the keys by
+    `new_empty` + copies (both heads x (nope + rope)), then per kernel:
+    - SDPA: the values are a view of kv_b_proj's output (k_nope and v, all kept); with narrower value
+      heads CUDA runs the memory-efficient kernel (flash refuses unequal head dims), whose output
+      is laid out (batch, token, head) so o_proj reads a view of it; with equal head dims the
+      flash kernel's output follows the query (contiguous per head) and o_proj reads a copy;
+    - flash_attention_2 (integrations/flash_attention.py): the values padded to the query's head
+      dim (a new tensor), the padded output, cropped and copied for o_proj;
+    - eager: q, k, the values' storage (kv_b_proj's output), the output copied for o_proj.
+    SDPA and flash keep an fp32 log-sum-exp per head."""
     spec, c = key.model, dt.compute
     norm_out = 4 if dt.autocast and dt.residual == 4 else dt.linear_out
     total = 0
@@ -177,10 +192,17 @@ def _mla_attention(key: ActivationKey, dt: Dtypes) -> int:
     total += _inner_norm(key, dt, spec.kv_lora_rank)
     total += _input_bytes(key, dt, ("kv_b_proj",), norm_out) * spec.kv_lora_rank
     expanded = spec.num_heads * (spec.qk_nope_head_dim + spec.v_head_dim)
-    total += c * (2 * spec.q_dim + expanded + spec.o_dim)
-    if key.attn != "eager":
-        total += 4 * spec.num_heads
-    total += _input_bytes(key, dt, ("o_proj",), c) * spec.o_dim
+    total += c * 2 * spec.q_dim                                       # query, keys
+    if key.attn == "flash":
+        total += c * 2 * spec.q_dim + 4 * spec.num_heads              # padded values, padded output, lse
+        copy = True
+    elif key.attn == "eager":
+        total += c * expanded                                         # values: a view of kv_b_proj's output
+        copy = True
+    else:
+        total += c * (expanded + spec.o_dim) + 4 * spec.num_heads     # values' storage, output, lse
+        copy = spec.qk_nope_head_dim + spec.qk_rope_head_dim == spec.v_head_dim
+    total += _input_bytes(key, dt, ("o_proj",), c, saved=not copy) * spec.o_dim
     if spec.qk_norm:
         raise AssertionError("MLA has no q/k norms")
     return total
@@ -278,13 +300,46 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
         # the routed input, for the expert weights' gradients
         experts += chosen * compute * hidden if key.method == "full" else 0
     experts += chosen * compute * hidden                                  # expert outputs x routing weights
-    router = 4 * spec.num_experts + (4 * _INDEX_BYTES + compute) * chosen
+    router = _router(key, dt)
     shared = 0
     if spec.shared_expert_intermediate_size:
         shared = _mlp(key, dt, spec.shared_expert_intermediate_size)
         if spec.shared_expert_gate:
             shared += compute * hidden + compute        # shared output x sigmoid(gate)
     return experts + router + shared
+
+
+def _router(key: ActivationKey, dt: Dtypes) -> int:
+    """The router's saved tensors per token: fp32 scores (softmax or sigmoid output), int64 top-k
+    and sorting indices (4 per choice), the routing weight per choice. fp32 routers save their
+    fp32 input cast when the router weight trains, keep fp32 routing weights (ERNIE casts them
+    back) and, renormalising in place (sigmoid routers), a clone of the weights and the sum."""
+    spec, chosen = key.model, key.model.experts_per_token
+    mt = spec.model_type
+    if mt not in _FP32_ROUTER:
+        return 4 * spec.num_experts + (4 * _INDEX_BYTES + dt.compute) * chosen
+    total = 4 * spec.num_experts + 4 * _INDEX_BYTES * chosen
+    total += (dt.compute if mt in _FP32_ROUTER_WEIGHT else 4) * chosen
+    if _trains(key, "router"):
+        total += 4 * spec.hidden_size
+    if mt in _SIGMOID_ROUTER:
+        total += 4 * chosen + 4
+    return total
+
+
+def layer_fixed_bytes(key: ActivationKey) -> int:
+    """Bytes one decoder layer saves whatever the token count: an fp32 router's fp32 cast of its
+    half-precision weight (experts x hidden), saved for the input gradient (training)."""
+    spec = key.model
+    if not key.training or not spec.is_moe or spec.model_type not in _FP32_ROUTER \
+            or spec.model_type in _FP32_ROUTER_WEIGHT or _fp32_weights(key):
+        return 0
+    return 4 * spec.num_experts * spec.hidden_size * spec.num_moe_layers // spec.num_layers   # mean per layer
+
+
+def _fp32_weights(key: ActivationKey) -> bool:
+    """Whether the weights already are fp32 (fp32 or AMP: `.float()` is a no-op)."""
+    return dtypes(key).compute == 4 or key.amp
 
 
 def layer_bytes_per_token(key: ActivationKey) -> int:
@@ -300,11 +355,7 @@ def layer_bytes_per_token(key: ActivationKey) -> int:
         total += _input_bytes(key, dt, attn_roles, dt.residual) * hidden
         total += _input_bytes(key, dt, mlp_roles if spec.mlp_gated or spec.is_moe else ("up_proj",),
                               dt.residual) * hidden
-    total += _attention(key, dt)
-    if spec.is_moe:
-        total += _moe(key, dt)
-    else:
-        total += _mlp(key, dt, spec.intermediate_size)
+    total += _attention(key, dt) + _feed_forward(key, dt)
     if _dropout(spec, "resid"):
         total += hidden                                       # the MLP output's dropout mask
     return total + _adapter_bytes(key, dt)
@@ -314,8 +365,22 @@ def mlp_bytes_per_token(key: ActivationKey) -> int:
     """The part of `layer_bytes_per_token` saved by the feed-forward block (dense or MoE) and its
     output dropout: the backward frees it before it reaches the attention."""
     spec, dt = key.model, dtypes(key)
-    block = _moe(key, dt) if spec.is_moe else _mlp(key, dt, spec.intermediate_size)
-    return block + (spec.hidden_size if _dropout(spec, "resid") else 0)
+    return _feed_forward(key, dt) + (spec.hidden_size if _dropout(spec, "resid") else 0)
+
+
+def _feed_forward(key: ActivationKey, dt: Dtypes) -> int:
+    """Saved by the feed-forward block per token, averaged over the layers: MoE layers and the
+    dense ones (DeepSeek's `first_k_dense_replace`, Qwen-MoE's `mlp_only_layers`, ERNIE's interval)."""
+    spec = key.model
+    if not spec.is_moe:
+        return _mlp(key, dt, spec.intermediate_size)
+    moe_layers = spec.num_moe_layers
+    if moe_layers == spec.num_layers:
+        return _moe(key, dt)
+    dense = _mlp(key, dt, spec.intermediate_size)
+    if moe_layers == 0:
+        return dense
+    return round((moe_layers * _moe(key, dt) + (spec.num_layers - moe_layers) * dense) / spec.num_layers)
 
 
 def attention_backward_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
@@ -329,6 +394,30 @@ def attention_backward_bytes_per_token(key: ActivationKey, kv_tokens: int) -> in
     softmax = _softmax_bytes(spec, dt)
     probs = dt.compute if not _dropout(spec, "attn") else 1 + dt.compute
     return (2 * softmax - probs) * spec.num_heads * kv_tokens
+
+
+def moe_backward_bytes_per_token(key: ActivationKey) -> int:
+    """Extra bytes per token at the peak of one MoE block's backward, beyond what the layer saved:
+    the grouped experts (transformers 5.23 integrations/moe.py `grouped_mm_experts_forward`) weight
+    each routed row, reorder the rows and sum them; the backward of those steps holds four
+    (tokens x chosen, hidden) gradients at once, in the routing weights' dtype (fp32 for an fp32
+    router: the product is promoted), while two such tensors the block saved in the compute dtype
+    are already released (the fake-tensor trace of DeepSeek-V3's block, full and LoRA)."""
+    spec = key.model
+    if not spec.is_moe or not spec.num_moe_layers:
+        return 0
+    mt = spec.model_type
+    fp32 = mt in _FP32_ROUTER and mt not in _FP32_ROUTER_WEIGHT
+    compute = dtypes(key).compute
+    return (4 * (4 if fp32 else compute) - 2 * compute) * spec.experts_per_token * spec.hidden_size
+
+
+def top_layer_backward_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
+    """One layer at the peak of its backward, per token: its saved tensors and the MoE backward's
+    gradients, or (later) the attention backward once the feed-forward block's tensors are freed."""
+    layer = layer_bytes_per_token(key) + score_bytes_per_token(key, kv_tokens)
+    attention = layer - mlp_bytes_per_token(key) + attention_backward_bytes_per_token(key, kv_tokens)
+    return max(attention, layer + moe_backward_bytes_per_token(key))
 
 
 def _adapter_bytes(key: ActivationKey, dt: Dtypes) -> int:
@@ -439,8 +528,12 @@ def inference_mlp_bytes_per_token(key: ActivationKey) -> int:
     """Prefill MLP transient per token: activation, up and product (gated); `gelu_new` keeps its
     input, 0.5 x and two intermediates (fp32 under autocast, after pow). MoE: the routed copies."""
     spec, compute = key.model, dtypes(key).compute
-    width, blocks = mlp_width(spec)
-    blocks = min(blocks, spec.experts_per_token or 1)
+    if spec.is_moe and spec.num_moe_layers:
+        moe = _inference_moe_bytes_per_token(key, compute)
+        if spec.num_moe_layers == spec.num_layers:
+            return moe
+        return max(moe, 3 * compute * spec.intermediate_size)     # the dense layers' gated MLP
+    width, blocks = (spec.intermediate_size, 1.0) if spec.is_moe else mlp_width(spec)
     if spec.mlp_gated:
         per_width = 3 * compute
     elif spec.activation == "gelu_new":
@@ -448,6 +541,21 @@ def inference_mlp_bytes_per_token(key: ActivationKey) -> int:
     else:
         per_width = 2 * compute
     return int(per_width * width * blocks)
+
+
+def _inference_moe_bytes_per_token(key: ActivationKey, compute: int) -> int:
+    """Prefill MoE transient per token (transformers 5.23 `grouped_mm_experts_forward`, no grad):
+    per chosen expert, the sorted copy of the input with the gate/up output and its activation,
+    or later that copy, the experts' output and two routing-weighted copies (the weighted rows and
+    their reordering) in the routing weights' dtype (fp32 for an fp32 router); then the shared
+    expert beside the experts' summed output."""
+    spec, hidden = key.model, key.model.hidden_size
+    mt = spec.model_type
+    routing = 4 if mt in _FP32_ROUTER and mt not in _FP32_ROUTER_WEIGHT else compute
+    width = spec.moe_intermediate_size
+    experts = spec.experts_per_token * max(compute * (hidden + 3 * width), hidden * (2 * compute + 2 * routing))
+    shared = compute * (hidden + 3 * spec.shared_expert_intermediate_size)
+    return max(experts, shared)
 
 
 def inference_residual_bytes_per_token(key: ActivationKey) -> int:

@@ -94,18 +94,28 @@ def _mla_sites(spec: ModelSpec, prefix: str) -> list[Site]:
             for lin in _mla_linears(spec)]
 
 
+# families whose feed-forward block is not `mlp` (Llama4TextDecoderLayer.feed_forward); their router
+# is an nn.Linear (Llama4Router), so all-linear reaches it
+_FEED_FORWARD = {"llama4_text": "feed_forward"}
+_LINEAR_ROUTER = ("llama4_text",)
+
+
 def _layer_sites(spec: ModelSpec, prefix: str, names: dict, i: int) -> list[Site]:
     sites = _mla_sites(spec, prefix) if spec.is_mla else []
     moe = spec.is_moe and spec.moe_layer_flags[i]
+    ff = _FEED_FORWARD.get(spec.model_type, "mlp")
+    names = {(ff + k[3:] if k.startswith("mlp.") else k): v for k, v in names.items()}
     for suffix, roles in names.items():
-        if (moe and suffix.startswith("mlp.")) or (spec.is_mla and suffix.startswith("self_attn.")):
+        if (moe and suffix.startswith(ff + ".")) or (spec.is_mla and suffix.startswith("self_attn.")):
             continue
         sites.append(Site(prefix + suffix, *_widths(spec, roles, spec.intermediate_size), roles, "linear"))
+    if moe and spec.model_type in _LINEAR_ROUTER:
+        sites.append(Site(f"{prefix}{ff}.router", spec.hidden_size, spec.num_experts, ("router",), "linear"))
     if moe and spec.shared_expert_intermediate_size:
         shared = _SHARED_EXPERTS.get(spec.model_type, "shared_expert")
         for suffix, roles in names.items():
-            if suffix.startswith("mlp."):
-                name = f"{prefix}mlp.{shared}.{suffix[4:]}"
+            if suffix.startswith(ff + "."):
+                name = f"{prefix}{ff}.{shared}.{suffix[len(ff) + 1:]}"
                 sites.append(Site(name, *_widths(spec, roles, spec.shared_expert_intermediate_size), roles, "linear"))
         if spec.shared_expert_gate:
             sites.append(Site(prefix + "mlp.shared_expert_gate", spec.hidden_size, 1, ("router",), "linear"))
@@ -221,7 +231,8 @@ def matched(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[Site, ...]:
         found = tuple(found)
     if not found:
         raise InputError(f"LoRA targets {','.join(targets)} match no module of {spec.model_type} (its modules: "
-                         f"{', '.join(sorted({s.name.rpartition('.')[2] for s in every}))})")
+                         f"{', '.join(sorted({s.name.rpartition('.')[2] for s in every}))}; choose with --lora-targets, "
+                         f"e.g. all-linear)")
     return found
 
 

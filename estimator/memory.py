@@ -209,7 +209,7 @@ class _PerToken:
 @lru_cache(maxsize=4096)
 def _per_token(key: ActivationKey) -> _PerToken:
     layer = act.layer_bytes_per_token(key) + act.score_bytes_per_token(key, key.seq)
-    top = layer - act.mlp_bytes_per_token(key) + act.attention_backward_bytes_per_token(key, key.seq)
+    top = act.top_layer_backward_bytes_per_token(key, key.seq)
     return _PerToken(layer, act.checkpoint_bytes_per_token(key), act.outside_layers_bytes_per_token(key), top,
                      act.logits_saved_per_token(key), act.logits_forward_per_token(key),
                      act.logits_backward_per_token(key))
@@ -224,7 +224,8 @@ def saved_activation_bytes(w: Workload) -> int:
     per_token = _per_token(_activation_key(w))
     per_layer = per_token.checkpoint if w.grad_ckpt else per_token.layer
     total_per_token = sizes.layers * per_layer + per_token.outside + per_token.logits_saved
-    return int(total_per_token * _scale(w) + _weight_casts(w, params, sizes, saved=True))
+    fixed = 0 if w.grad_ckpt else sizes.layers * act.layer_fixed_bytes(_activation_key(w))
+    return int(total_per_token * _scale(w) + fixed + _weight_casts(w, params, sizes, saved=True))
 
 
 def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -> float:
@@ -268,6 +269,8 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
     if w.activation_offload:   # the layers' saved tensors go to pinned host memory
         on_device = min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE)
     acts = on_device * per_layer + per_token.outside * tokens
+    if not w.grad_ckpt:    # per-layer tensors of any token count (an fp32 router's weight cast)
+        acts += on_device * act.layer_fixed_bytes(_activation_key(w))
     total, casts = max(_moments(w, per_token, params, sizes, trained, acts))
     if w.grad_ckpt:
         acts += per_token.layer * tokens           # the layer the backward recomputes

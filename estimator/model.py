@@ -524,7 +524,36 @@ def _from_ernie_moe(cfg: dict, name: str) -> ModelSpec:
         moe_layer_flags=tuple((i + 1) % interval == 0 and start <= i <= end for i in range(layers)))
 
 
+def _from_llama4_text(cfg: dict, name: str) -> ModelSpec:
+    """Llama-4 text (transformers 5.23 Llama4TextConfig/Llama4TextModel): MoE on `moe_layers`
+    (default every `interleave_moe_layer_step`-th layer) with a shared expert as wide as the experts
+    (`intermediate_size`), dense layers `intermediate_size_mlp` wide; NoPE layers (`no_rope_layers`
+    0) attend to every token, the rotary ones to chunks of `attention_chunk_size` (their cache is a
+    sliding window of that size: cache_utils "chunked_attention"); the q/k L2 norm has no weight."""
+    layers = _require(cfg, "num_hidden_layers")
+    interval = _get(cfg, "no_rope_layer_interval", 4)
+    # transformers indexes no_rope_layers by layer (Llama4TextAttention): entries past the last layer are unread
+    no_rope = (cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)])[:layers]
+    chunk = _get(cfg, "attention_chunk_size", 8192)
+    types = cfg.get("layer_types") or ["chunked_attention" if uses_rope else "full_attention" for uses_rope in no_rope]
+    if len(types) != layers:
+        raise InputError(f"config layer_types has {len(types)} entries for {layers} layers")
+    step = _get(cfg, "interleave_moe_layer_step", 1)
+    moe_layers = cfg.get("moe_layers")
+    moe_layers = set(moe_layers if moe_layers is not None else range(step - 1, layers, step))
+    width = _get(cfg, "intermediate_size", 8192)
+    return _llama_like(
+        {**cfg, "intermediate_size": _get(cfg, "intermediate_size_mlp", 16384)}, name,
+        num_kv_heads=_get(cfg, "num_key_value_heads", _require(cfg, "num_attention_heads")),
+        head_dim=_get(cfg, "head_dim", 128), num_experts=_get(cfg, "num_local_experts", 16),
+        experts_per_token=_get(cfg, "num_experts_per_tok", 1), moe_intermediate_size=width,
+        shared_expert_intermediate_size=width, moe_layer_flags=tuple(i in moe_layers for i in range(layers)),
+        layer_types=tuple("sliding" if t == "chunked_attention" else "full" for t in types),
+        sliding_window=chunk if chunk and "chunked_attention" in types else None)
+
+
 _NEWER = {
+    "llama4_text": _from_llama4_text,
     "deepseek_v2": _from_deepseek, "deepseek_v3": _from_deepseek,
     "gpt_oss": _from_gpt_oss, "olmo2": _from_olmo, "olmoe": _from_olmo,
     "granite": _from_granite, "granitemoe": _from_granite, "smollm3": _from_smollm3,

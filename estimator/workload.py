@@ -162,7 +162,8 @@ def _check_choices(w: Workload) -> None:
             raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
     if not w.lora_targets or not all(isinstance(t, str) and t for t in w.lora_targets):
         raise InputError("LoRA targets must be module names, one regular expression or all-linear; got none")
-    matched(w.model, w.lora_targets)   # InputError when no module matches, as peft raises
+    if w.method in ("lora", "qlora"):
+        matched(w.model, w.lora_targets)   # InputError when no module matches, as peft raises
 
 
 def _check_sizes(w: Workload) -> None:
@@ -177,7 +178,7 @@ def _check_experts(w: Workload) -> None:
     """transformers 5.23 runs fused MoE experts through grouped_mm (integrations/moe.py), which
     takes bf16 only: experts in fp32 (an fp32 or AMP model, or kbit preparation's upcast of the
     unquantized fused experts under QLoRA) or fp16 fail in the real step (issue 16 item 9)."""
-    if not w.model.is_moe:
+    if not w.model.is_moe or w.model.model_type == "llama4_text":   # Llama4TextExperts: torch.bmm, any dtype
         return
     from estimator.regimes import kbit_preparation_runs
 

@@ -52,3 +52,30 @@ TINY = {
                               num_hidden_layers=3, moe_num_experts=8, moe_k=2, moe_num_shared_experts=0,
                               use_bias=True, tie_word_embeddings=False, pad_token_id=0, **_ATTN),
 }
+
+# Traced against the estimator (tests/test_architectures_vs_trace.py): wide enough that per-token
+# tensors dominate, a vocabulary large enough that the loss is not swamped by the final norm.
+_MLA_TRACE = dict(vocab_size=2048, hidden_size=256, intermediate_size=384, moe_intermediate_size=128,
+                  num_hidden_layers=3, num_attention_heads=4, n_routed_experts=8, num_experts_per_tok=2,
+                  kv_lora_rank=64, qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32,
+                  max_position_embeddings=512)
+TRACED = {
+    # sigmoid router with grouped top-k (fp32), shared expert, q compressed through q_a/q_b
+    "deepseek_v3-moe": dict(model_type="deepseek_v3", n_shared_experts=1, n_group=2, topk_group=1,
+                            first_k_dense_replace=0, q_lora_rank=96, **_MLA_TRACE),
+    # the same attention over dense layers only
+    "deepseek_v3-dense": dict(model_type="deepseek_v3", n_shared_experts=1, n_group=2, topk_group=1,
+                              first_k_dense_replace=3, q_lora_rank=96, **_MLA_TRACE),
+    # softmax router, one q_proj (DeepSeek-V2-Lite)
+    "deepseek_v2-lite": dict(model_type="deepseek_v2", n_shared_experts=2, first_k_dense_replace=0,
+                             q_lora_rank=None, **_MLA_TRACE),
+}
+
+TINY.update({
+    # Llama-4: MoE every second layer with a shared expert, dense layers wider, NoPE every 4th layer
+    # (full attention), the others chunked (cache: a window of attention_chunk_size)
+    "llama4_text": dict(model_type="llama4_text", vocab_size=211, hidden_size=64, intermediate_size=32,
+                        intermediate_size_mlp=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                        attention_chunk_size=8, max_position_embeddings=128),
+})

@@ -140,8 +140,10 @@ def test_layer_kinds_and_window_match_transformers_cache(hub_id):
     cfg = AutoConfig.for_model(**_raw(hub_id))
     types, kwargs = get_layer_types_and_kwargs(cfg)
     spec = load_spec(hub_id)
-    assert spec.layer_types == tuple("sliding" if t == "sliding_attention" else "full" for t in types)
-    assert set(types) <= {"sliding_attention", "full_attention"}
+    # a chunked layer (Llama-4) is cached as a sliding window of the chunk size (cache_utils)
+    assert spec.layer_types == tuple("sliding" if t in ("sliding_attention", "chunked_attention") else "full"
+                                     for t in types)
+    assert set(types) <= {"sliding_attention", "full_attention", "chunked_attention"}
     windows = {k["sliding_window"] for k in kwargs if "sliding_window" in k}
     assert windows == ({spec.sliding_window} if spec.sliding_window else set())
 
@@ -279,7 +281,9 @@ def test_layer_kinds_of_newer_families_match_transformers_cache(name):
     cfg = AutoConfig.for_model(**TINY[name])
     types, kwargs = get_layer_types_and_kwargs(cfg)
     spec = spec_from_config(TINY[name])
-    assert spec.layer_types == tuple("sliding" if t == "sliding_attention" else "full" for t in types)
+    # a chunked layer (Llama-4) is cached as a sliding window of the chunk size (cache_utils)
+    assert spec.layer_types == tuple("sliding" if t in ("sliding_attention", "chunked_attention") else "full"
+                                     for t in types)
     windows = {k["sliding_window"] for k in kwargs if "sliding_window" in k}
     assert windows == ({spec.sliding_window} if spec.sliding_window else set())
 
@@ -304,7 +308,7 @@ def test_real_cache_mla_holds_the_compressed_latent(name):
     assert kv_cache_bytes(spec, BATCH, PROMPT, 4, tp=4) == kv_cache_bytes(spec, BATCH, PROMPT, 4)
 
 
-@pytest.mark.parametrize("name", ["gpt_oss", "exaone4", "starcoder2", "olmo2", "glm4_moe"])
+@pytest.mark.parametrize("name", ["gpt_oss", "exaone4", "starcoder2", "olmo2", "glm4_moe", "llama4_text"])
 def test_real_cache_newer_families(name):
     raw = TINY[name]
     cfg = AutoConfig.for_model(**raw)

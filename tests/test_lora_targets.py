@@ -47,6 +47,10 @@ def _two_layers(cfg: dict) -> dict:
             cfg[key] = 2
     if cfg.get("layer_types"):
         cfg["layer_types"] = cfg["layer_types"][:2]
+    if cfg.get("no_rope_layers"):
+        cfg["no_rope_layers"] = [1, 0]          # one chunked, one NoPE layer (Llama-4)
+    if "moe_layers" in cfg:
+        cfg["moe_layers"] = [1]                 # one dense and one MoE layer (Llama-4)
     if "mlp_only_layers" in cfg:
         cfg["mlp_only_layers"] = [1]        # one dense and one MoE layer (Qwen-MoE)
     return cfg

@@ -98,3 +98,19 @@ def test_moe_layers_follow_the_config():
     assert ernie.moe_layer_flags == (False, True, False, True)  # start 1, interval 2
     model = _build(TINY["ernie4_5_moe"])
     assert [hasattr(layer.mlp, "experts") for layer in model.model.layers] == list(ernie.moe_layer_flags)
+
+
+def test_default_lora_targets_absent_from_the_model_refuse_lora_only():
+    # DeepSeek-V3 compresses q through q_a_proj/q_b_proj and has no v_proj: peft finds neither of the
+    # default q_proj,v_proj; a full fine-tune and inference never read the LoRA targets.
+    from estimator.errors import InputError
+    from estimator.workload import Workload
+
+    spec = spec_from_config(TINY["deepseek_v3"])
+    for method in ("full", "inference"):
+        assert Workload(spec, method=method).validate().method == method
+    with pytest.raises(InputError) as err:
+        Workload(spec, method="lora").validate()
+    message = str(err.value)
+    assert "\n" not in message and "q_a_proj" in message and "kv_b_proj" in message and "--lora-targets" in message
+    assert Workload(spec, method="lora", lora_targets=("q_b_proj", "kv_b_proj")).validate()

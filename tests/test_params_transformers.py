@@ -189,7 +189,7 @@ def test_dense_layer_variant_changes_the_count():
 # --- MoE active parameters ----------------------------------------------------------------------
 
 MOE = ["mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B", "Qwen/Qwen1.5-MoE-A2.7B", "Qwen/Qwen3-235B-A22B",
-       "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2-Instruct"]
+       "deepseek-ai/DeepSeek-V3", "moonshotai/Kimi-K2-Instruct", "meta-llama/Llama-4-Scout-17B-16E"]
 # Cards that quote active parameters without the input embedding (gpt-oss's card says so; the
 # DeepSeek-V2-Lite figure matches only so) or without both embedding and unembedding (GLM-4.5).
 ACTIVE_EXCLUDES = {"openai/gpt-oss-120b": ("embedding",), "openai/gpt-oss-20b": ("embedding",),

@@ -11,6 +11,9 @@ undone when the context exits.
 - SDPA with `dropout_p > 0`: CUDA flash/efficient kernels keep only an RNG seed and offset; the CPU
   flash kernel refuses dropout and falls back to the math path (T x T scores). The trace calls it
   with `dropout_p=0`, which saves the same tensors as CUDA flash (minus two 8-byte RNG tensors).
+- SDPA with narrower value heads than query/key heads (MLA): CUDA runs the memory-efficient
+  kernel (q, k, v, output, an fp32 log-sum-exp), the CPU the math path; the trace calls the
+  memory-efficient op.
 - Autocast: CUDA runs the ops of its fp32 list (pow, exp, rsqrt, layer_norm, ...) in fp32 and gives
   softmax/log_softmax/sum/cumsum an fp32 result; CPU autocast has no such rule for them. Python
   kernels at the AutocastCPU key apply CUDA's policy (ATen autocast_mode.h, AT_FORALL_FP32 and
@@ -78,10 +81,32 @@ def _cuda_dropout():
     sdpa = F.scaled_dot_product_attention
 
     def sdpa_without_dropout(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        if query.shape[-1] != value.shape[-1]:
+            return _efficient_attention(query, key, value, attn_mask, *args, **kwargs)
         return sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
 
     with _patched(F, "dropout", dropout), _patched(F, "scaled_dot_product_attention", sdpa_without_dropout):
         yield
+
+
+def _efficient_attention(query, key, value, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """SDPA with value heads narrower than query/key heads (multi-head latent attention): CUDA's
+    flash kernel refuses unequal head dims and its memory-efficient kernel runs
+    (torch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp `check_head_dim_size_flash`,
+    `check_head_dim_size_mem_efficient`); the CPU flash kernel refuses them too and the CPU falls
+    back to the math path (T x T scores). Call the memory-efficient op as CUDA's dispatcher does
+    (attention.cpp: a boolean mask becomes an additive one in the query's dtype; the log-sum-exp
+    only when a gradient is needed), on fake tensors its meta kernel."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        raise NotImplementedError("GQA with unequal q/v head dims is not traced")
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(attn_mask.logical_not(), float("-inf"))
+    if torch.is_autocast_enabled("cpu"):     # F.scaled_dot_product_attention is on autocast's half list
+        half = torch.get_autocast_dtype("cpu")
+        query, key, value = (t.to(half) for t in (query, key, value))
+    lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, attn_mask, lse, 0.0, is_causal, scale=scale)[0]
 
 
 def _fp32_kernel(op):
