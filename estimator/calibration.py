@@ -55,6 +55,9 @@ SCHEMA = "gpu-budget-calibration/2"
 OLD_SCHEMAS = ("gpu-budget-calibration/1",)
 CALIBRATION_DIR = Path(__file__).resolve().parents[1] / "calibrations"
 TRACE_GPU = "trace"  # tables fitted on fake-tensor traces: device-independent factors only
+# the table fitted on published measurements (fitting/published.py): device-independent memory
+# factors from every source's GPUs; `auto` uses it when the GPU has no measured table of its own
+PUBLISHED_GPU = "published"
 # the GPU row that predicts trace rows: their peak allocated does not depend on the row
 TRACE_PREDICTION_GPU = "h100-80gb"
 
@@ -75,7 +78,7 @@ _FACTORS = {
 DEVICE_INDEPENDENT = ("activation_scale", "inference_activation_scale", "logits_scale",
                       "optimizer_temporaries_scale")
 _TOP_KEYS = {"schema", "gpu", "created", "fitter", "versions", "provenance", "range", "factors",
-             "factor_points", "cv_error", "upper_bound", "notes"}
+             "factor_points", "cv_error", "upper_bound", "notes", "validation"}
 _METRIC_KEYS = ("median_abs", "p90_abs", "under_rate")
 # Every field's type (fitting/calibration_table.py `build` writes them); factors are checked by
 # _validate_factors with their ranges. Extra statistics a fit adds must be typed here first.
@@ -90,13 +93,15 @@ _TABLE_SCHEMA = sch.Obj({
                                         "first": str, "last": str},
                                        optional=("file", "path", "used", "first", "last"))),
         "points": int, "points_by_quantity": sch.Map(int), "models": int,
-        "versions": sch.Map(sch.Map(int)), "dates": sch.List(str)},
-        optional=("runs", "points", "points_by_quantity", "models", "versions", "dates")),
+        "versions": sch.Map(sch.Map(int)), "dates": sch.List(str),
+        "sources": sch.List(sch.Obj({"source": str, "rows": int, "metrics": sch.Map(int), "gpus": sch.List(str),
+                                     "locators": sch.List(str)}))},
+        optional=("runs", "points", "points_by_quantity", "models", "versions", "dates", "sources")),
     "range": sch.Obj({"params_total": sch.Pair(sch.NUM), "tokens": sch.Pair(sch.NUM),
                          "methods": sch.Map(int), "model_types": sch.Map(int), "attn": sch.Map(int),
-                         "world_sizes": sch.List(int), "models": sch.List(str)},
+                         "world_sizes": sch.List(int), "models": sch.List(str), "gpus": sch.Map(int)},
                         optional=("params_total", "tokens", "methods", "model_types", "attn", "world_sizes",
-                                  "models")),
+                                  "models", "gpus")),
     "factor_points": sch.Map(sch.Either(int, sch.Map(int))),
     "cv_error": sch.Map(sch.Obj({**_ERRORS.keys, "uncalibrated": sch.Optional(_ERRORS)},
                                       optional=_ERRORS.optional + ("uncalibrated",))),
@@ -104,8 +109,13 @@ _TABLE_SCHEMA = sch.Obj({
                                           "points": int, "models": int, "sources": int},
                                          optional=("quantile", "points", "models", "sources"))),
     "notes": sch.List(str),
+    # leave-one-source-out validation of a published table (fitting/published.py)
+    "validation": sch.Obj({"method": str, "sources": int, "points": int, "coverage": sch.NUM,
+                           "over_provision_median": sch.NUM, "uncalibrated_coverage": sch.NUM,
+                           "uncalibrated_over_provision_median": sch.NUM, "oom_rows": int, "oom_flagged": int,
+                           "by_gpu": sch.Map(_ERRORS), "by_source": sch.Map(_ERRORS)}),
 }, optional=("created", "fitter", "versions", "provenance", "range", "factor_points", "cv_error", "upper_bound",
-             "notes"))
+             "notes", "validation"))
 SIZE_BUCKETS = ((1e9, "<1B"), (1e10, "1-10B"), (1e11, "10-100B"), (math.inf, ">=100B"))
 
 
@@ -139,7 +149,16 @@ class Calibration:
         the table's, only the device-independent factors are kept, with a warning."""
         factors, warnings = dict(data.get("factors", {})), []
         table_gpu = data.get("gpu")
-        foreign = gpu_slug is not None and table_gpu != gpu_slug
+        foreign = gpu_slug is not None and table_gpu not in (gpu_slug, PUBLISHED_GPU)
+        if table_gpu == PUBLISHED_GPU:
+            prov, rng = data.get("provenance", {}), data.get("range", {})
+            gpus = sorted(rng.get("gpus", {}))
+            where = f"on {', '.join(gpus)}" if gpus else ""
+            line = (f"calibration: published table {path} ({prov.get('points', '?')} public measurements from "
+                    f"{len(prov.get('sources', []))} sources {where}".rstrip() + ")")
+            if gpu_slug is not None and gpus and gpu_slug not in gpus:
+                line += f"; none measured on {gpu_slug} (its factors are device-independent)"
+            warnings.append(line)
         if foreign:
             factors = {k: v for k, v in factors.items() if k in DEVICE_INDEPENDENT}
             what = "fake-tensor traces" if table_gpu == TRACE_GPU else table_gpu
@@ -462,6 +481,15 @@ def _parse(shown: str, raw: bytes, gpu_slug: str, refuse_foreign: bool) -> Calib
     return Calibration.from_table(data, shown, gpu_slug)
 
 
+def published_path() -> Path:
+    """calibrations/published.json: `auto`'s table for a GPU without one of its own. The
+    environment variable GPU_BUDGET_PUBLISHED_TABLE names another file (tests; "none": no table)."""
+    override = os.environ.get("GPU_BUDGET_PUBLISHED_TABLE")
+    if override:
+        return Path(override)
+    return CALIBRATION_DIR / "published.json"
+
+
 def table_path(gpu_slug: str) -> Path:
     return CALIBRATION_DIR / f"{gpu_slug}.json"
 
@@ -475,5 +503,8 @@ def resolve(choice, gpu_slug: str) -> Calibration:
         return NONE
     if choice == "auto":
         path = table_path(gpu_slug)
-        return _load(str(path), gpu_slug, True) if path.is_file() else NONE
+        if path.is_file():
+            return _load(str(path), gpu_slug, True)
+        published = published_path()
+        return _load(str(published), gpu_slug, False) if published.is_file() else NONE
     return _load(str(choice), gpu_slug, False)

@@ -14,6 +14,15 @@ fit recovers the factors and what leave-one-model-out reports. It always exits 0
 for something impossible (an unknown --gpu).
 
   python scripts/bench_calibration.py [--gpu SLUG] [--measurements DIR] [--write] [--synthetic]
+
+With --published: the published calibration instead (fitting/published.py): every imported
+source under calibrations/measurements/<source>/, fitted jointly on what each row measured and
+validated leave-one-source-out; prints the held-out error per quantity, GPU and source against
+the uncalibrated estimator, the safe bound's coverage and median over-provision, and the issue's
+targets (memory median <= 5 %, p90 <= 15 %; coverage >= 95 %, over-provision <= 10 %). --write
+writes calibrations/published.json; --plot PATH draws predicted against measured (held out).
+
+  python scripts/bench_calibration.py --published [--write] [--plot docs/img/parity-published.png]
 """
 
 from __future__ import annotations
@@ -109,6 +118,57 @@ def synthetic_demo(noise: float = 0.02) -> str:
     return "\n".join(lines)
 
 
+PUBLISHED_TARGETS = {"median": 0.05, "p90": 0.15, "coverage": 0.95, "over_provision": 0.10}
+
+
+def _row(name: str, m: dict | None) -> str:
+    if not m:
+        return f"  {name:<26}{'-':>8}"
+    return (f"  {name:<26}{m['points']:>8}{m['median_abs']:>10.1%}{m['p90_abs']:>10.1%}"
+            f"{m['signed_median']:>+10.1%}{m['under_rate']:>10.0%}")
+
+
+def published_report(measurements: Path, write: bool, plot: Path | None) -> str:
+    from fitting import published
+    table, v, points = published.fit_published(measurements)
+    head = f"  {'':<26}{'points':>8}{'median':>10}{'p90':>10}{'signed':>10}{'under':>10}"
+    lines = ["published calibration: leave-one-source-out (each source predicted by the table fitted on the others)",
+             f"rows: {len(points.frame)} from {v.sources} sources "
+             f"({', '.join(f'{s} {n}' for s, n in points.frame['source'].value_counts().sort_index().items())}); "
+             f"metrics: {', '.join(f'{k} {n}' for k, n in table['provenance']['points_by_quantity'].items())}",
+             "", "|error| per quantity (held out), calibrated vs uncalibrated", head]
+    for q, m in v.by_quantity.items():
+        raw = dict(v.by_quantity_raw[q])
+        lines += [_row(f"{q}", m), _row("  uncalibrated", raw)]
+    lines += ["", "per GPU (held out, calibrated)", head]
+    lines += [_row(g, m) for g, m in v.by_gpu.items()]
+    lines += ["", "per source (held out, calibrated)", head]
+    lines += [_row(s, m) for s, m in v.by_source.items()]
+    lines += ["", f"safe bound: factor {table['upper_bound']['peak_reserved_bytes']['factor']:.4g} on the point "
+                  f"(95th percentile of held-out measured / predicted)",
+              f"  coverage (nested leave-one-source-out): {v.coverage:.1%}; median over-provision {v.over_provision:+.1%}",
+              f"  uncalibrated default bound (x {published.overhead('uncalibrated_bound_factor')}): coverage "
+              f"{v.raw_coverage:.1%}; median over-provision {v.raw_over_provision:+.1%}",
+              f"  OOM rows: {v.oom_rows}, of which the held-out bound says 'does not fit': {v.oom_flagged}"]
+    mem = [m for q, m in v.by_quantity.items() if m["points"] >= 3]
+    worst = max(mem, key=lambda m: m["points"]) if mem else None
+    t = PUBLISHED_TARGETS
+    if worst:
+        lines += ["", "targets (the quantity most rows measured):",
+                  f"  median {worst['median_abs']:.1%} <= {t['median']:.0%}: {'MET' if worst['median_abs'] <= t['median'] else 'MISSED'}",
+                  f"  p90 {worst['p90_abs']:.1%} <= {t['p90']:.0%}: {'MET' if worst['p90_abs'] <= t['p90'] else 'MISSED'}",
+                  f"  coverage {v.coverage:.1%} >= {t['coverage']:.0%}: {'MET' if v.coverage >= t['coverage'] else 'MISSED'}",
+                  f"  over-provision {v.over_provision:.1%} <= {t['over_provision']:.0%}: "
+                  f"{'MET' if v.over_provision <= t['over_provision'] else 'MISSED'}"]
+    lines += ["", "factors", render.factors(table)]
+    if write:
+        path = calibration_table.write(published.published_path(), table)
+        lines.append(f"\nwritten: {path}")
+    if plot:
+        lines.append(f"parity plot: {published.parity_plot(v, plot)}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--measurements", type=Path, default=MEASUREMENTS_DIR,
@@ -116,8 +176,15 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", help="only this GPU slug (or 'trace')")
     p.add_argument("--write", action="store_true", help="write calibrations/<gpu>.json from the fit")
     p.add_argument("--synthetic", action="store_true", help="show the synthetic demonstration too")
+    p.add_argument("--published", action="store_true",
+                   help="fit and validate the published calibration (leave one source out)")
+    p.add_argument("--plot", type=Path, help="with --published: write the parity plot (PNG) here")
     args = p.parse_args(argv)
     start = time.perf_counter()
+    if args.published:
+        print(published_report(args.measurements, args.write, args.plot))
+        print(f"\n({time.perf_counter() - start:.1f} s)")
+        return 0
     folders = sorted(d for d in args.measurements.glob("*") if d.is_dir() and any(d.glob("*.csv"))) \
         if args.measurements.is_dir() else []
     if args.gpu:

@@ -13,9 +13,10 @@ SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", "runs", "node_modu
 # published measurements: their locators are paths in other repositories (docs/... of those), not citations
 EXTERNAL = Path("calibrations") / "measurements" / "published"
 SUFFIXES = {".py", ".md", ".csv", ".sh", ".yaml", ".yml", ".json", ".toml", ".txt", ".cfg", ".ini"}
-DOC = re.compile(r"docs/[\w./-]+?\.md")
+# a locator "owner/repo@commit:docs/x.md" names a page of another repository: not a citation
+DOC = re.compile(r"(?<![:\w/.-])docs/[\w./-]+?\.md")
 # "docs/design.md section 3", "docs/design.md, section 3", "docs/design.md sections 3 and 7"
-CITED_SECTIONS = re.compile(r"(docs/[\w./-]+?\.md),?\s+sections?\s+(\d+(?:(?:\s*,\s*|\s+and\s+)\d+)*)")
+CITED_SECTIONS = re.compile(r"(?<![:\w/.-])(docs/[\w./-]+?\.md),?\s+sections?\s+(\d+(?:(?:\s*,\s*|\s+and\s+)\d+)*)")
 OUTSIDE = re.compile(r"\bDESIGN\b")  # the notes before they moved into docs/
 
 
