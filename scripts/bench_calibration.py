@@ -187,6 +187,10 @@ def main(argv=None) -> int:
         return 0
     folders = sorted(d for d in args.measurements.glob("*") if d.is_dir() and any(d.glob("*.csv"))) \
         if args.measurements.is_dir() else []
+    # imported sources and the published time set are fitted by --published, not per GPU
+    from fitting.published import NOT_SOURCES, source_folders
+    imported = {d.name for d in source_folders(args.measurements)} | (set(NOT_SOURCES) - {"trace"})
+    folders = [d for d in folders if d.name not in imported]
     if args.gpu:
         folders = [d for d in folders if d.name == args.gpu]
     fitted_any = False
