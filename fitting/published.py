@@ -272,6 +272,7 @@ class Validation:
     by_quantity_raw: dict
     by_gpu: dict
     by_source: dict
+    by_regime: dict           # regime -> (calibrated, uncalibrated) stats
     factor: float
     coverage: float
     over_provision: float
@@ -315,13 +316,32 @@ def validate_loso(points: Points) -> Validation:
         s["models"], s["sources"] = int(sub["group"].nunique()), int(sub["source"].nunique())
     by_gpu = {g: _stats(sub["pred_cv"], sub["value"]) for g, sub in m.groupby("gpu_slug")}
     by_source = {s: _stats(sub["pred_cv"], sub["value"]) for s, sub in m.groupby("source")}
+    regimes = pd.Series([regime_label(w) for w in points.workloads], index=frame.index)[m.index]
+    by_regime = {r: (_stats(sub["pred_cv"], sub["value"]), _stats(sub["pred_raw"], sub["value"]))
+                 for r, sub in m.groupby(regimes)}
     oom = frame[frame["metric"] == "oom"]
     gpu_bytes = oom["value"]
-    return Validation(frame, by_q, by_q_raw, by_gpu, by_source, _factor(ratio[measured]),
+    return Validation(frame, by_q, by_q_raw, by_gpu, by_source, by_regime, _factor(ratio[measured]),
                       float(np.mean(covered)), float(np.median(over)),
                       float(np.mean((raw_bound >= m["value"]).to_numpy())),
                       float(np.median(((raw_bound - m["value"]) / m["value"]).to_numpy())),
                       int(len(oom)), int((oom["bound_cv"] > gpu_bytes).sum()), len(sources))
+
+
+def regime_label(w) -> str:
+    """The stack a row ran: method, parallelism and, for QLoRA, whether peft's kbit preparation ran
+    (estimator.regimes decides it as the estimate does)."""
+    from estimator.regimes import kbit_preparation_runs
+    if w.fsdp != "none":
+        stack = f"FSDP {w.fsdp}"
+    elif w.zero:
+        stack = f"ZeRO-{w.zero}"
+    else:
+        stack = "DDP" if w.world_size > 1 else "1 GPU"
+    label = f"{w.method} {stack}"
+    if w.method == "qlora":
+        label += f" kbit-prep {'on' if kbit_preparation_runs(w) else 'off'}"
+    return label
 
 
 def _counts(values) -> dict:

@@ -142,6 +142,9 @@ def published_report(measurements: Path, write: bool, plot: Path | None) -> str:
         lines += [_row(f"{q}", m), _row("  uncalibrated", raw)]
     lines += ["", "per GPU (held out, calibrated)", head]
     lines += [_row(g, m) for g, m in v.by_gpu.items()]
+    lines += ["", "per regime (held out, calibrated; then uncalibrated)", head]
+    for r, (cal, raw) in sorted(v.by_regime.items()):
+        lines += [_row(r, cal), _row("  uncalibrated", raw)]
     lines += ["", "per source (held out, calibrated)", head]
     lines += [_row(s, m) for s, m in v.by_source.items()]
     lines += ["", f"safe bound: factor {table['upper_bound']['peak_reserved_bytes']['factor']:.4g} on the point "
