@@ -81,6 +81,7 @@ class ActivationKey(NamedTuple):
     adapter_bytes: int = 4     # dtype LoRA adapters compute in (peft: fp32; FSDP/DeepSpeed: half)
     liger: bool = False        # Liger Kernel's fused linear cross-entropy (no logits)
     lora_adapters: int = 0     # LoRA adapters per decoder layer (estimator.lora_targets)
+    loss: str = "hf"           # how the loss is computed (Workload.loss)
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -94,7 +95,7 @@ def activation_key(w: Workload) -> ActivationKey:
         roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
-                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters)
+                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss)
 
 
 @dataclass(frozen=True)
@@ -481,7 +482,10 @@ def logits_saved_per_token(key: ActivationKey) -> int:
     if key.liger:
         return dtypes(key).compute * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
-    return 4 * vocab + (logit * vocab if key.model.logit_softcap else 0)
+    softcap = logit * vocab if key.model.logit_softcap else 0
+    if key.loss == "model-dtype":   # log_softmax's output (fp32 under autocast)
+        return (4 if dtypes(key).autocast else logit) * vocab + softcap
+    return 4 * vocab + softcap
 
 
 def logits_forward_per_token(key: ActivationKey) -> int:
@@ -491,6 +495,10 @@ def logits_forward_per_token(key: ActivationKey) -> int:
     if key.liger:
         return dtypes(key).compute * key.model.hidden_size + 4
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    if key.loss == "model-dtype":   # logits, the shifted copy cross_entropy reads, log_softmax's output;
+        # autocast runs log_softmax in fp32 (CUDA's fp32 list): an fp32 cast of the copy and an fp32 output
+        extra = 8 if dtypes(key).autocast else logit
+        return (2 * logit + extra) * vocab + (logit * vocab if key.model.logit_softcap else 0)
     base = (logit + 8) * vocab if logit != 4 else 8 * vocab
     return base + (logit * vocab if key.model.logit_softcap else 0)
 
@@ -502,6 +510,9 @@ def logits_backward_per_token(key: ActivationKey) -> int:
     if key.liger:
         return dtypes(key).compute * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    if key.loss == "model-dtype":   # log_softmax's output, its incoming and outgoing gradient (fp32
+        # under autocast); the logits were freed with the output after the forward
+        return (12 if dtypes(key).autocast else 3 * logit) * vocab + (logit * vocab if key.model.logit_softcap else 0)
     return 12 * vocab + (logit * vocab if key.model.logit_softcap else 0)
 
 

@@ -24,6 +24,10 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 ZERO_STAGES = (0, 1, 2, 3)
 FSDP_MODES = ("none", "full", "grad-op", "hybrid")  # FSDP2 fully_shard: reshard after forward or not, HSDP
 KBIT_PREPS = ("auto", "on", "off")
+# hf: transformers' loss from `labels` (ForCausalLMLoss: the logits upcast to fp32); model-dtype: a
+# training loop's own cross_entropy on the logits as the model returns them (no upcast), e.g.
+# universal-llm-trainer's models/*.py. Either way only the loss outlives the forward.
+LOSSES = ("hf", "model-dtype")
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama-style models
 
 
@@ -94,6 +98,9 @@ class Workload:
         help="Liger Kernel (use_liger_kernel): fused linear cross-entropy (no logits), fused RMSNorm, SwiGLU, RoPE"))
     activation_offload: bool = field(default=False, metadata=dict(
         help="offload saved activations to host memory (TRL/torchtune activation_offloading)"))
+    loss: str = field(default="hf", metadata=dict(
+        help="training loss: hf = transformers' loss from labels (fp32 upcast of the logits; HF Trainer, TRL); "
+             "model-dtype = a loop's own cross_entropy on the model's logits (no fp32 upcast)", choices=LOSSES))
 
     @property
     def training(self) -> bool:
@@ -157,7 +164,7 @@ def _check_choices(w: Workload) -> None:
     for name, allowed in (("method", METHODS), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                           ("adamw_impl", ADAMW_IMPLS), ("attn", ATTENTIONS), ("quant", QUANTS),
                           ("offload", OFFLOADS), ("zero", ZERO_STAGES), ("fsdp", FSDP_MODES),
-                          ("kbit_prep", KBIT_PREPS)):
+                          ("kbit_prep", KBIT_PREPS), ("loss", LOSSES)):
         if getattr(w, name) not in allowed:
             raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
     if not w.lora_targets or not all(isinstance(t, str) and t for t in w.lora_targets):
@@ -208,8 +215,10 @@ def _check_method(w: Workload) -> None:
         raise InputError("LoRA on a 4-bit base is QLoRA: use --method qlora")
     if w.method == "inference" and (w.zero or w.offload != "none" or w.fsdp != "none"):
         raise InputError("ZeRO, FSDP and offload apply to training; inference takes --gpus with --tp or --pp instead")
-    if not w.training and (w.liger or w.activation_offload):
-        raise InputError("--liger and --activation-offload apply to training")
+    if not w.training and (w.liger or w.activation_offload or w.loss != "hf"):
+        raise InputError("--liger, --activation-offload and --loss apply to training")
+    if w.liger and w.loss != "hf":
+        raise InputError("--liger replaces the loss with its fused linear cross-entropy: drop --loss")
     if w.kbit_prep == "on" and (w.quant == "none" or not w.training):
         raise InputError("--kbit-prep on prepares a quantized base for training: use it with --method qlora "
                          "or --method lora --quant int8")

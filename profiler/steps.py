@@ -24,18 +24,38 @@ def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) ->
     """Forward and backward over `grad_accum` micro-batches (the same batch: values do not change
     memory or time), then the optimizer step and `zero_grad(set_to_none=True)`.
 
-    Only the loss outlives the forward, as in the HF Trainer (`compute_loss` returns the loss and
+    With `--loss hf` (the default) only the loss outlives the forward, as in the HF Trainer (`compute_loss` returns the loss and
     drops the outputs): the half-precision logits are freed before the backward starts. Under
     DistributedDataParallel every micro-batch but the last runs in `model.no_sync()`, so gradients
     are all-reduced once per step, as the HF Trainer and accelerate accumulate."""
     for index in range(w.grad_accum):
         with _sync_context(model, last=index == w.grad_accum - 1):
+            if w.loss == "model-dtype":
+                _own_loss_step(model, batch, w, device_type)
+                continue
             with _autocast(w, device_type):
                 loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
             (loss / w.grad_accum).backward()
             del loss
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def _own_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:
+    """`--loss model-dtype`: a training loop's own loss, as universal-llm-trainer's models compute it
+    (src/univlt/models/llama3.py `forward`): the model runs without labels, and cross_entropy takes
+    the shifted logits in the dtype the model returns them (no fp32 upcast); the output is deleted
+    before the backward, as its `del_logits_after_forward: True` (every config of the repository) does
+    and as the HF Trainer keeps only the loss."""
+    import torch.nn.functional as F
+
+    with _autocast(w, device_type):
+        output = model(input_ids=batch.input_ids, use_cache=False)
+        logits = output.logits
+        loss = F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.size(-1)), batch.labels[:, 1:].reshape(-1))
+    del logits, output
+    (loss / w.grad_accum).backward()
+    del loss
 
 
 def _sync_context(model, last: bool):

@@ -92,6 +92,14 @@ def _stacks() -> list[Case]:
             ("meta-llama/Llama-3.2-1B", dict(lora_targets=r".*\.(q|v)_proj", batch=2, seq=1024)),
             ("meta-llama/Llama-3.2-1B", dict(lora_targets="q_proj,v_proj,lm_head", batch=4, seq=2048))):
         cases.append(Case(model, dict(method="lora", **settings), warmup=1, steps=1))
+    # a training loop's own cross_entropy on the model's logits (--loss model-dtype)
+    for model, settings in (
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024)),
+            ("meta-llama/Llama-3.2-1B", dict(method="full", batch=2, seq=1024, grad_ckpt=True)),
+            ("meta-llama/Llama-3.2-1B", dict(method="qlora", quant="nf4", batch=2, seq=1024, grad_ckpt=True)),
+            ("google/gemma-2-2b", dict(method="lora", batch=1, seq=512, attn="eager")),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", precision="amp-bf16", batch=2, seq=1024))):
+        cases.append(Case(model, dict(loss="model-dtype", **settings), warmup=1, steps=1))
     return cases
 
 
@@ -118,6 +126,8 @@ TEST_SUBSET = (
     Case("Qwen/Qwen1.5-MoE-A2.7B", dict(method="inference", batch=2, seq=1024, new_tokens=16)),
     Case("meta-llama/Llama-3.2-1B", dict(method="qlora", quant="nf4", kbit_prep="off", batch=2, seq=1024)),
     Case("openai-community/gpt2-medium", dict(method="lora", lora_targets="c_attn", batch=2, seq=1024)),
+    Case("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", precision="amp-bf16", batch=2, seq=1024,
+                                            loss="model-dtype")),
 )
 
 
@@ -149,6 +159,8 @@ def describe(case: Case) -> str:
         parts.append("ckpt")
     if s.get("kbit_prep"):
         parts.append(f"kbit-prep {s['kbit_prep']}")
+    if s.get("loss"):
+        parts.append(f"loss {s['loss']}")
     if s.get("lora_targets"):
         targets = case.workload().lora_targets
         parts.append("targets " + ("all-linear" if is_all_linear(targets) else ",".join(targets)))
