@@ -86,8 +86,11 @@ class Points:
 
 
 def source_folders(root: Path = MEASUREMENTS_DIR) -> list[Path]:
+    """The folders of imported sources: calibrations/measurements/<source>/, not the profiler's
+    own <gpu>/ folders, nor `trace` and `published`."""
     root = Path(root)
-    return sorted(d for d in root.iterdir() if d.is_dir() and d.name not in NOT_SOURCES
+    own = set(tables.gpus()) | set(NOT_SOURCES)
+    return sorted(d for d in root.iterdir() if d.is_dir() and d.name not in own
                   and any(d.glob("*.csv"))) if root.is_dir() else []
 
 

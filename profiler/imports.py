@@ -84,6 +84,9 @@ def _to_record(raw: dict, base_dirs: list[Path]) -> dict:
     source, metric, slug = _text(raw, "source"), _text(raw, "metric"), _text(raw, "gpu_slug")
     if not _SOURCE_NAME.match(source):
         raise InputError(f"source {source!r} must be a short name (letters, digits, '.', '_', '-')")
+    if source in tables.gpus() or source in ("trace", "published"):
+        raise InputError(f"source {source!r} names a folder of the profiler's own rows (a GPU slug, trace or "
+                         f"published): choose the source's own name")
     if metric not in record.METRICS:
         raise InputError(f"metric {metric!r} must be one of {', '.join(record.METRICS)}")
     gpu = tables.gpu(slug)

@@ -181,3 +181,10 @@ def test_bench_prints_the_leave_one_source_out_figures():
     for source in ("fsdp-qlora", "ms-swift", "universal-llm-trainer"):
         assert source in out
     assert tables.gpu("h100-80gb")  # the GPUs the rows name are known rows
+
+
+def test_an_import_may_not_take_a_gpu_folders_name(tmp_path):
+    row = {**_workload_fields(0), "gpu_slug": "h100-80gb", "source": "h100-80gb", "locator": "x", "metric": "reserved",
+           "value": "10", "unit": "GiB"}
+    with pytest.raises(imports.InputError, match="names a folder of the profiler's own rows"):
+        imports.to_record(row, "row 1", [ROOT])
