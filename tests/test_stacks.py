@@ -246,3 +246,36 @@ def lora_targets_text(text):
     from estimator.workload import lora_targets_from_text
 
     return lora_targets_from_text(text)
+
+
+# --loss model-dtype: a loop's own cross_entropy on the logits in the model's dtype (profiler/steps.py
+# _own_loss_step). Hand counts per token, vocab V: without autocast the logits (2 B), the shifted copy
+# cross_entropy reads (2 B) and log_softmax's output (2 B) in the forward; its output, incoming and
+# outgoing gradients (3 x 2 B) in the backward. Under autocast log_softmax runs in fp32 (CUDA's fp32
+# list): the fp32 cast of the copy and the fp32 output (8 B) beside the two bf16 tensors; 3 x 4 B after.
+def test_model_dtype_loss_bytes_per_token_by_hand():
+    from estimator import activations as act
+
+    spec = load_spec("llama-3.2-1b")
+    v = spec.vocab_size
+    plain = act.activation_key(Workload(model=spec, method="lora", loss="model-dtype").validate())
+    assert (act.logits_saved_per_token(plain), act.logits_forward_per_token(plain),
+            act.logits_backward_per_token(plain)) == (2 * v, 6 * v, 6 * v)
+    amp = act.activation_key(Workload(model=spec, method="lora", precision="amp-bf16", loss="model-dtype").validate())
+    assert (act.logits_saved_per_token(amp), act.logits_forward_per_token(amp),
+            act.logits_backward_per_token(amp)) == (4 * v, 12 * v, 12 * v)
+    hf = act.activation_key(Workload(model=spec, method="lora").validate())
+    assert (act.logits_saved_per_token(hf), act.logits_forward_per_token(hf),
+            act.logits_backward_per_token(hf)) == (4 * v, 10 * v, 12 * v)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--method", "inference"], "apply to training"),
+    (["--liger"], "--liger replaces the loss"),
+])
+def test_model_dtype_loss_refusals(extra, message):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "scripts/estimate.py", "--model", "llama-3.2-1b", "--loss", "model-dtype",
+                           *extra], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
