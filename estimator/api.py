@@ -145,6 +145,7 @@ class Estimate:
                             "versions": cal.versions,
                             "corrections": {k: dict(v) for k, v in self.corrections.items()},
                             "cv_error": cal.cv_error, "upper_bound": bound,
+                            "data_range": cal.data_range(w, p.total),
                             "warnings": list(self.warnings)},
             "job": self.job.to_dict() if self.job else None,
         }

@@ -237,6 +237,25 @@ class Calibration:
             return None
         return self.table.get("upper_bound", {}).get(quantity)
 
+    def data_range(self, w: Workload, params_total: int) -> dict | None:
+        """Where `w` lies against the table's data: per axis the value, the data's [min, max] and
+        how far outside (`outside_factor`: value / max or min / value; 1.0 inside), plus whether
+        the GPU is among the data's GPUs (published tables). None without a range."""
+        rng = self.table.get("range")
+        if not rng:
+            return None
+        out = {}
+        for axis, value in (("params_total", params_total), ("tokens", w.batch * w.seq)):
+            pair = rng.get(axis)
+            if pair:
+                lo, hi = pair
+                out[axis] = {"value": value, "min": lo, "max": hi,
+                             "outside_factor": round(max(1.0, lo / value, value / hi), 3)}
+        for axis, value in (("methods", w.method), ("model_types", w.model.model_type)):
+            if rng.get(axis) is not None:
+                out[axis[:-1]] = {"value": value, "in_data": value in rng[axis]}
+        return out
+
     def range_warnings(self, w: Workload, params_total: int) -> list[str]:
         """Warnings when `w` lies far (a factor of 2) outside the data the table was fitted on."""
         rng, out = self.table.get("range"), []

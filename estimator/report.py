@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from estimator import tables
 from estimator.api import Estimate
+from estimator.params import count_params
 from estimator.planner import PLANNED_ON, Budget, FitRow
 from estimator.units import GiB
 from estimator.workload import Workload
@@ -56,6 +57,17 @@ def _calibration_lines(result: Estimate) -> list[str]:
         note = "" if bound["within_data_range"] else "; workload outside the table's data: coverage not measured"
         lines.append(f"  safe upper bound of device used: {_gib(bound['device_used_bytes']).strip()}"
                      f" (covered {bound['coverage']:.0%} of held-out measurements{note})")
+    rng = result.calibration.data_range(result.workload, count_params(result.workload.model).total)
+    if rng:
+        parts = []
+        for axis, label, fmt in (("params_total", "parameters", lambda v: f"{v / 1e9:.2f}B"),
+                                 ("tokens", "tokens per micro-batch", lambda v: f"{int(v)}")):
+            if axis in rng:
+                r = rng[axis]
+                where = "inside" if r["outside_factor"] == 1.0 else f"{r['outside_factor']:.1f}x outside"
+                parts.append(f"{label} {fmt(r['min'])}-{fmt(r['max'])} (this: {fmt(r['value'])}, {where})")
+        if parts:
+            lines.append("  data range: " + "; ".join(parts))
     lines += [f"  warning: {text}" for text in result.warnings]
     return lines
 

@@ -188,3 +188,18 @@ def test_an_import_may_not_take_a_gpu_folders_name(tmp_path):
            "value": "10", "unit": "GiB"}
     with pytest.raises(imports.InputError, match="names a folder of the profiler's own rows"):
         imports.to_record(row, "row 1", [ROOT])
+
+
+def test_the_answer_says_how_far_outside_the_data_the_workload_lies(monkeypatch):
+    monkeypatch.setenv("GPU_BUDGET_PUBLISHED_TABLE", str(ROOT / "calibrations" / "published.json"))
+    table = json.loads((ROOT / "calibrations" / "published.json").read_text())
+    hi = table["range"]["params_total"][1]
+    out = subprocess.run([sys.executable, "scripts/estimate.py", "--model", "llama-3.1-405b", "--method", "qlora",
+                          "--gpu", "h200-141gb", "--json"], cwd=ROOT, capture_output=True, text=True, check=True)
+    rng = json.loads(out.stdout)["calibration"]["data_range"]
+    params = rng["params_total"]
+    assert params["max"] == hi and params["outside_factor"] == pytest.approx(params["value"] / hi, rel=1e-3)
+    assert params["outside_factor"] > 20
+    inside = subprocess.run([sys.executable, "scripts/estimate.py", "--model", "llama-3.1-8b", "--method", "lora",
+                             "--gpu", "a100-80gb"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "data range: parameters" in inside and "(this: 8.03B, inside)" in inside
