@@ -36,7 +36,6 @@ from estimator.workload import Workload, method_defaults
 from profiler import record
 from profiler.device import cuda
 
-BACKEND_OF = {True: "cuda", False: "cpu"}
 
 
 class MeasureCallback(TrainerCallback):
@@ -73,18 +72,12 @@ class MeasureCallback(TrainerCallback):
         if state.global_step == self.warmup:
             cuda.reset_peaks(self._device)
         if state.global_step >= self.warmup:
-            if cuda.is_cuda(self._device):
-                import torch
-
-                torch.cuda.synchronize(self._device)
+            cuda.synchronize(self._device)
             self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._t0 is not None:
-            if cuda.is_cuda(self._device):
-                import torch
-
-                torch.cuda.synchronize(self._device)
+            cuda.synchronize(self._device)
             self.times.append(time.perf_counter() - self._t0)
             self._t0 = None
 
@@ -116,7 +109,7 @@ class MeasureCallback(TrainerCallback):
         slug = self.gpu or (_gpu_slug(self._device) if on_gpu else None)
         step_s = statistics.median(self.times)
         return record.new_row(
-            None, BACKEND_OF[on_gpu], workload=w, model=str(config_path), status="ok", warmup=self.warmup,
+            None, cuda.backend(self._device), workload=w, model=str(config_path), status="ok", warmup=self.warmup,
             steps=len(self.times), peak_allocated_bytes=peaks.allocated_bytes,
             peak_reserved_bytes=peaks.reserved_bytes, step_s=step_s, step_s_min=min(self.times),
             step_s_max=max(self.times), tokens_per_s=w.batch * w.seq * w.grad_accum / step_s,
@@ -184,12 +177,10 @@ def _plain(value):
 
 
 def _gpu_slug(device: str) -> str | None:
-    import torch
-
     from profiler.env import match_gpu_slug
 
-    props = torch.cuda.get_device_properties(device)
-    return match_gpu_slug(props.name, props.total_memory)
+    name, total = cuda.properties(device)
+    return match_gpu_slug(name.removesuffix(" (simulated)"), total)
 
 
 def write_row(path: Path, row: dict) -> Path:

@@ -82,3 +82,25 @@ def test_a_second_run_appends_a_row(tmp_path):
     _train(tmp_path, False)
     _, rows = _train(tmp_path, False)
     assert len(rows) == 2
+
+
+def test_the_cuda_branch_through_the_simulated_device(tmp_path, capsys, monkeypatch):
+    """The callback's CUDA code (synchronisation, peaks, the device's name and slug) on the simulated
+    device of profiler.device.simulated: the row is labelled `simulated` (never fitted), the
+    allocator's peaks are measured and hold at least the weights, the GPU is the simulated H100."""
+    from profiler.device import cuda, simulated
+
+    monkeypatch.setenv(simulated.ENV, json.dumps({}))
+    cuda.init("cpu")
+    try:
+        callback, rows = _train(tmp_path, lora=False)
+    finally:
+        simulated.stop()
+    row = {k: record.parse_value(k, v) for k, v in rows[0].items()}
+    assert row["backend"] == "simulated" and row["gpu_slug"] == "h100-80gb"
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY)).parameters())
+    # bf16 weights, their gradients and AdamW's two states are alive at the peak of a full fine-tune
+    assert row["peak_allocated_bytes"] >= params * (2 + 2 + 2 * 2)
+    assert row["peak_reserved_bytes"] >= row["peak_allocated_bytes"]
+    err = capsys.readouterr().err
+    assert "(simulated)" in err and f"measured {row['peak_allocated_bytes'] / 2**30:.2f} GiB" in err

@@ -77,6 +77,23 @@ class AllocatorPeaks:
     reserved_bytes: int | None
 
 
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (cuda only; the simulated device runs eagerly)."""
+    if simulated.active():  # cuda-only
+        simulated.check_fault()
+    elif is_cuda(device):  # hardware-only: a real GPU's torch.cuda call
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def backend(device: str) -> str:
+    """The `backend` column of a row measured on `device`: cuda, simulated or cpu."""
+    if simulated.active():
+        return "simulated"
+    return "cuda" if is_cuda(device) else "cpu"
+
+
 def reset_peaks(device: str) -> None:
     """Synchronize and reset the allocator's peak statistics (cuda only; no-op elsewhere)."""
     if simulated.active():  # cuda-only
