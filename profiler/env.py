@@ -46,7 +46,7 @@ def match_gpu_slug(device_name: str, total_memory_bytes: int | None = None) -> s
     The family (slug before its first "-": a100, h100, rtx4090, ...) must be a token of the name;
     "PCIe" in the name picks the PCIe rows, its absence the others; among what remains, the row
     whose memory is nearest the device's total memory, within MEMORY_TOLERANCE (so a MIG slice
-    or an unlisted variant such as the 94 GB H100 NVL gets None rather than a wrong peak).
+    or an unlisted variant such as the 24 GB Quadro RTX 6000 gets None rather than a wrong peak).
     Examples: "NVIDIA H100 80GB HBM3" -> h100-80gb, "NVIDIA A100-SXM4-40GB" -> a100-40gb,
     "NVIDIA A100 80GB PCIe" -> a100-80gb-pcie, "Tesla T4" -> t4-16gb.
     """

@@ -391,9 +391,13 @@ def test_weights_bytes_counts_tied_storage_once_and_filters_devices():
     ("Tesla V100-SXM2-16GB", 16_945_512_448, "v100-16gb"),
     ("Tesla V100-SXM2-32GB", 34_089_730_048, "v100-32gb"),
     ("Tesla T4", 15_828_320_256, "t4-16gb"),
-    ("NVIDIA H100 NVL", 99_857_989_632, ""),              # not in the table: no wrong peak
+    ("NVIDIA H100 NVL", 99_857_989_632, "h100-nvl-94gb"),
+    ("NVIDIA B200", 191_503_884_288, "b200-180gb"),
+    ("NVIDIA RTX 6000 Ada Generation", 50_911_379_456, "rtx6000-ada-48gb"),
+    ("NVIDIA RTX A6000", 50_925_535_232, "rtxa6000-48gb"),
+    ("Quadro RTX 6000", 25_393_692_672, ""),               # the 24 GB Turing card: not in the table
     ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10_468_982_784, ""),  # a MIG slice
-    ("NVIDIA L40", 47_697_362_944, ""),
+    ("NVIDIA L40", 47_697_362_944, "l40-48gb"),
     ("AMD Instinct MI300X", 205_822_885_888, ""),
 ])
 def test_match_gpu_slug(name, memory, slug):

@@ -47,8 +47,14 @@ def test_dense_not_sparse():
     assert tables.gpu("h100-80gb-pcie").dense_tflops("bf16") == pytest.approx(756, abs=1)
     # NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity -> 121 dense.
     assert tables.gpu("l4-24gb").dense_tflops("bf16") == pytest.approx(121, abs=1)
-    # No dense 16-bit/TF32 peak of these GPUs reaches 1000 TFLOPS; a larger value is a sparse figure.
+    # HGX B200 datasheet: BF16 4.5 PFLOPS and TF32 2.2 PFLOPS with sparsity -> 2250 and 1100 dense.
+    assert tables.gpu("b200-180gb").dense_tflops("bf16") == pytest.approx(2250, abs=1)
+    assert tables.gpu("b200-180gb").tf32_dense_tflops == pytest.approx(1100, abs=1)
+    # No dense 16-bit/TF32 peak of the GPUs before Blackwell reaches 1000 TFLOPS; a larger value is
+    # a sparse figure.
     for spec in tables.gpus().values():
+        if spec.slug.startswith("b200"):
+            continue
         for dtype in ("bf16", "fp16", "tf32"):
             value = getattr(spec, f"{dtype}_dense_tflops")
             assert value is None or value < 1000, (spec.slug, dtype, value)
