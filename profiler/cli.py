@@ -27,7 +27,7 @@ import sys
 
 from estimator import flags
 from estimator.errors import InputError
-from profiler import session
+from profiler import executors, session
 
 PROG = "profile.py"
 
@@ -52,6 +52,17 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=flags.bounded("limit", integer=True), help="run at most N configurations (or searches) this time")
     p.add_argument("--format", choices=["csv", "parquet"], help="results file format (default csv; parquet needs pyarrow)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--parallel", type=flags.bounded("parallel", integer=True), default=1,
+                   help="GPUs to use at once: one single-GPU configuration per GPU, each child pinned by "
+                        "CUDA_VISIBLE_DEVICES; a multi-GPU configuration takes the GPUs it needs (default 1)")
+    p.add_argument("--executor", default="local",
+                   help="local (this machine; default) or submitit (one SLURM job per configuration)")
+    p.add_argument("--slurm-partition", help="with --executor submitit: the SLURM partition")
+    p.add_argument("--slurm-time-min", type=flags.bounded("slurm_time_min", integer=True), default=60,
+                   help="with --executor submitit: minutes a job may run (default 60)")
+    p.add_argument("--submitit-cluster", choices=["slurm", "local"],
+                   help="with --executor submitit: force the cluster (default: slurm where sbatch exists; "
+                        "local runs the jobs as subprocesses here)")
     case = p.add_argument_group("a single configuration instead of a sweep (the workload flags of estimate.py)")
     flags.add_workload_flags(case, help={
         "gpus": "GPUs per node (default 1); with a sweep: the GPUs a configuration may use (cases needing more are dropped)"})
@@ -73,7 +84,10 @@ def _request(args, argv: list[str], prog: str = PROG) -> session.Request:
         search=tuple(name for name, on in (("batch", args.max_batch), ("seq", args.max_seq)) if on),
         gpus=given.get("gpus", 1), timeout_s=args.timeout, backend=args.backend, gpu=args.gpu,
         calibration=args.calibration, refresh=not args.no_refresh, limit=args.limit,
-        results_format=args.format, progress=not args.no_progress, command=(prog, *argv))
+        results_format=args.format, progress=not args.no_progress, command=(prog, *argv),
+        parallel=args.parallel, executor=args.executor,
+        cluster=executors.ClusterOptions(cluster=args.submitit_cluster, partition=args.slurm_partition,
+                                         time_min=args.slurm_time_min))
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:

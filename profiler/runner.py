@@ -219,16 +219,33 @@ def _restore_handlers(previous: dict) -> None:
         signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def execute(cmd: list[str], stdout_path: Path, stderr_path: Path, timeout_s: float) -> tuple[int | None, bool]:
+_RUNNING: set = set()            # children started by execute() and not yet reaped (any thread)
+_RUNNING_LOCK = threading.Lock()
+
+
+def kill_running() -> None:
+    """Kill every child execute() started that still runs (the parallel sweep's way out when the
+    parent is interrupted: the threads waiting on them then return)."""
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        _kill_uninterrupted(proc)
+
+
+def execute(cmd: list[str], stdout_path: Path, stderr_path: Path, timeout_s: float,
+            extra_env: dict | None = None) -> tuple[int | None, bool]:
     """Run `cmd` in its own session; (exit code, timed out). The exit code is negative when a
     signal ended the process, None when it had to be killed on timeout. Ctrl-C, SIGTERM or
     SIGHUP in the parent meanwhile kill the child (group and descendants) and are raised again
-    (KeyboardInterrupt, ParentSignalled)."""
+    (KeyboardInterrupt, ParentSignalled). `extra_env` is added to the child's environment
+    (CUDA_VISIBLE_DEVICES of a parallel sweep)."""
     previous = _install_handlers()
     try:
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=ROOT,
-                                    env=_child_env(), start_new_session=True)
+                                    env={**_child_env(), **(extra_env or {})}, start_new_session=True)
+            with _RUNNING_LOCK:
+                _RUNNING.add(proc)
             try:
                 return proc.wait(timeout=timeout_s), False
             except subprocess.TimeoutExpired:
@@ -237,6 +254,9 @@ def execute(cmd: list[str], stdout_path: Path, stderr_path: Path, timeout_s: flo
             except BaseException:  # Ctrl-C, SIGTERM, SIGHUP in the parent: take the child down with it
                 _kill_uninterrupted(proc)
                 raise
+            finally:
+                with _RUNNING_LOCK:
+                    _RUNNING.discard(proc)
     finally:
         _restore_handlers(previous)
 
@@ -365,9 +385,10 @@ class Runner:
         return new_row(case, self.backend, started_at=started_at, wall_s=wall_s,
                        hostname=socket.gethostname(), gpu_slug=self.gpu_slug, message="")
 
-    def run(self, case: Case) -> list[dict]:
+    def run(self, case: Case, devices: tuple[str, ...] | None = None) -> list[dict]:
         """Run one case in a fresh process; its rows (one per rank), never raising for what the
-        child did."""
+        child did. `devices` pins the child to those GPUs (CUDA_VISIBLE_DEVICES: indices or UUIDs
+        as the user's own CUDA_VISIBLE_DEVICES names them)."""
         started_at, t0 = utc_now(), time.monotonic()
         remove_stale_case_folders()
         with tempfile.TemporaryDirectory(prefix=f"{CASE_FOLDER_PREFIX}{os.getpid()}-") as tmp:
@@ -377,8 +398,9 @@ class Runner:
             case_path, out_path = work / "case.json", work / "result.json"
             case_path.write_text(case.to_json())
             stdout_path, stderr_path = logs / f"{case_slug(case)}.stdout", logs / f"{case_slug(case)}.stderr"
+            extra = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
             rc, timed_out = execute(self.command(case, case_path, out_path), stdout_path, stderr_path,
-                                    self.timeout_s)
+                                    self.timeout_s, extra)
             raw_rows, problem = read_result_rows(out_path)
             failure = failure_message(rc, timed_out, self.timeout_s, problem, stderr_path)
             known = self._known(case, started_at, time.monotonic() - t0)
@@ -432,31 +454,103 @@ def progress_bar(total: int, enabled: bool, desc: str = "profiling"):
 
 
 def run_sweep(cases: list[Case], runner: Runner, store: RunStore, force: bool = False,
-              retry_errors: bool = False, limit: int | None = None, progress: bool = True) -> SweepOutcome:
+              retry_errors: bool = False, limit: int | None = None, progress: bool = True,
+              devices: list[str] | None = None, executor=None) -> SweepOutcome:
     """Run the cases the store has not finished (see store.py), at most `limit` of them, storing
-    each case's rows atomically as soon as it ends."""
+    each case's rows atomically as soon as it ends. With `devices` (--parallel: several GPUs),
+    one configuration per GPU runs at once (`run_parallel`); `executor(todo, runner, record)`
+    runs them elsewhere (profiler.executors: submitit).""" 
     todo = store.pending(cases, force=force, retry_errors=retry_errors)
     outcome = SweepOutcome(already_done=len(cases) - len(todo))
     if limit is not None:
         todo = todo[:limit]
     bar = progress_bar(len(todo), progress)
+
+    def record_case(case: Case, rows: list[dict]) -> None:
+        store.put(case.id, rows)
+        status = case_status(rows)
+        outcome.ran += 1
+        outcome.statuses[status] += 1
+        if progress:
+            wall_s = max((r.get("wall_s") or 0.0) for r in rows)
+            note = next((r["message"] for r in rows if r.get("status") != "ok" and r.get("message")), "")
+            bar.write(f"{status:<7} {wall_s:6.1f} s  {short_id(case.id)}"
+                      + (f"  ({note[:120]})" if note else ""), file=sys.stderr)
+        bar.update(1)
+
     try:
-        for case in todo:
-            bar.set_postfix_str(short_id(case.id, 60))
-            rows = runner.run(case)
-            store.put(case.id, rows)
-            status = case_status(rows)
-            outcome.ran += 1
-            outcome.statuses[status] += 1
-            if progress:
-                wall_s = max((r.get("wall_s") or 0.0) for r in rows)
-                note = next((r["message"] for r in rows if r.get("status") != "ok" and r.get("message")), "")
-                bar.write(f"{status:<7} {wall_s:6.1f} s  {short_id(case.id)}"
-                          + (f"  ({note[:120]})" if note else ""), file=sys.stderr)
-            bar.update(1)
+        if executor is not None:           # profiler.executors: submitted to a cluster
+            executor(todo, runner, record_case)
+        elif devices and len(devices) > 1:
+            run_parallel(todo, runner, devices, record_case)
+        else:
+            for case in todo:
+                bar.set_postfix_str(short_id(case.id, 60))
+                record_case(case, runner.run(case, tuple(devices) if devices else None))
     finally:
         bar.close()
     return outcome
+
+
+def visible_devices(count: int) -> list[str]:
+    """The GPUs a child may be pinned to, as CUDA_VISIBLE_DEVICES names them: the user's own list
+    when set (indices, GPU-... UUIDs or MIG-... names, kept as given), else 0..count-1."""
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is not None:
+        return [d.strip() for d in given.split(",") if d.strip()]
+    return [str(i) for i in range(count)]
+
+
+def run_parallel(todo: list[Case], runner: Runner, devices: list[str], record_case) -> None:
+    """Several configurations at once, each child pinned to its GPUs by CUDA_VISIBLE_DEVICES: a
+    single-GPU configuration takes one free GPU, one of N processes takes N (the next in order
+    waits until that many are free; one asking more than there are runs alone on all of them
+    and fails there, as it would on this node). Results are recorded in the sweep's order,
+    whatever order they end in; on Ctrl-C, SIGTERM or SIGHUP every running child is killed, what
+    had finished is recorded, and the signal is raised again (the killed ones run on resume)."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    free = list(devices)
+    pending = list(enumerate(todo))
+    running: dict = {}
+    finished: dict[int, tuple[Case, list[dict]]] = {}
+    next_index = 0
+
+    def flush(upto_gaps: bool) -> None:
+        nonlocal next_index
+        while next_index in finished:
+            record_case(*finished.pop(next_index))
+            next_index += 1
+        if upto_gaps:           # interrupted: what ended after a case still running, in order
+            for index in sorted(finished):
+                record_case(*finished.pop(index))
+
+    previous = _install_handlers()
+    pool = ThreadPoolExecutor(max_workers=len(devices), thread_name_prefix="profiler-gpu")
+    try:
+        while pending or running:
+            while pending:
+                index, case = pending[0]
+                need = min(case.workload().world_size, len(devices))
+                if need > len(free):
+                    break
+                pending.pop(0)
+                taken = sorted(free, key=devices.index)[:need]
+                free = [d for d in free if d not in taken]
+                running[pool.submit(runner.run, case, tuple(taken))] = (index, case, taken)
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in done:
+                index, case, taken = running.pop(future)
+                free.extend(taken)
+                finished[index] = (case, future.result())
+            flush(upto_gaps=False)
+    except BaseException:
+        kill_running()           # the configurations killed mid-way are not recorded: a resume reruns them
+        flush(upto_gaps=True)
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _restore_handlers(previous)
 
 
 # ---- the GPU this machine has ---------------------------------------------------------------------

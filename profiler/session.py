@@ -31,6 +31,7 @@ from estimator.errors import InputError
 from estimator.files import utc_now
 from estimator.limits import check_count, check_number
 from estimator.versions import RUN_PACKAGES, library_versions
+from profiler import executors
 from profiler import runner as runner_mod
 from profiler import sweep as sweep_mod
 from profiler.case import Case
@@ -73,6 +74,9 @@ class Request:
     results_format: str | None = None     # csv (default) or parquet
     progress: bool = True
     command: tuple[str, ...] = ("profile.py",)  # program and arguments, for run.json
+    parallel: int = 1                     # GPUs used at once (runner.run_parallel)
+    executor: str = "local"               # local or submitit (profiler.executors)
+    cluster: executors.ClusterOptions = field(default_factory=executors.ClusterOptions)
 
 
 @dataclass
@@ -122,6 +126,14 @@ def check(request: Request) -> None:
         raise InputError(f"cannot search {', '.join(sorted(unknown))}; only {', '.join(SEARCH_FIELDS)}")
     if request.gpu:
         tables.gpu(request.gpu)  # unknown slug: InputError
+    check_count("parallel", request.parallel, "--parallel")
+    executors.check_executor(request.executor)
+    if request.search and (request.parallel > 1 or request.executor != "local"):
+        raise InputError("--max-batch/--max-seq probe one configuration at a time: run them without "
+                         "--parallel and --executor")
+    if request.parallel > 1 and request.executor != "local":
+        raise InputError("--parallel places configurations on this machine's GPUs; with --executor "
+                         "submitit the cluster places them")
     if request.calibration not in ("auto", "none") and not Path(request.calibration).is_file():
         raise InputError(f"calibration file not found: {request.calibration}")
 
@@ -273,6 +285,22 @@ def merge_boundaries(store, results: list[dict]) -> None:
     store.write_json("max_batch.json", [r for r in old if (r["id"], r["field"]) not in fresh] + results)
 
 
+def devices(request: Request, runner) -> list[str] | None:
+    """The GPUs a parallel sweep pins its children to (the first --parallel visible ones)."""
+    if request.parallel <= 1:
+        return None
+    gpu = runner_mod.detect_gpu()
+    return runner_mod.visible_devices(gpu.count if gpu else 0)[:request.parallel]
+
+
+def executor_of(request: Request, store):
+    """The submitit submission of the sweep's configurations, or None (this machine)."""
+    if request.executor != "submitit":
+        return None
+    folder = store.run_dir / "submitit"
+    return lambda todo, runner, record: executors.run_submitit(todo, runner, folder, request.cluster, record)
+
+
 def work(request: Request, cases: list[Case], runner, store, log: Log = stderr_line) -> tuple[dict, list[str]]:
     """Run the sweep or the searches: (summary entries, statuses of every child run now)."""
     if request.search:
@@ -280,7 +308,8 @@ def work(request: Request, cases: list[Case], runner, store, log: Log = stderr_l
                          force=request.force, progress=request.progress, log=log)
         return {"searches": found}, [p["status"] for s in found for p in s["probes"]]
     outcome = runner_mod.run_sweep(cases, runner, store, force=request.force, retry_errors=request.retry_errors,
-                                   limit=request.limit, progress=request.progress)
+                                   limit=request.limit, progress=request.progress,
+                                   devices=devices(request, runner), executor=executor_of(request, store))
     log(outcome.line())
     return ({"ran": outcome.ran, "already_finished": outcome.already_done, "statuses": dict(outcome.statuses)},
             list(outcome.statuses.elements()))
@@ -313,6 +342,14 @@ def check_plan(request: Request, the_plan: Plan) -> None:
         reasons = "; ".join(f"{n} x {why}" for why, n in the_plan.expansion.reasons().most_common(3))
         raise InputError(f"nothing to run: every configuration of sweep {the_plan.sweep.name} was dropped"
                          + (f" ({reasons})" if reasons else ""))
+    if request.parallel > 1:
+        if the_plan.backend != "cuda":
+            raise InputError(f"--parallel {request.parallel} runs configurations on several GPUs: it needs the "
+                             f"cuda backend (this run uses {the_plan.backend})")
+        have = len(runner_mod.visible_devices(the_plan.gpu.count if the_plan.gpu else 0))
+        if request.parallel > have:
+            raise InputError(f"--parallel {request.parallel} asks for {request.parallel} GPUs; this machine "
+                             f"has {have}")
     slug = the_plan.slug or TRACE_PREDICTION_GPU
     calibration.resolve(request.calibration, slug)      # a corrupt or foreign table: InputError now
     if the_plan.slug and request.refresh:
