@@ -30,12 +30,22 @@ def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) ->
     are all-reduced once per step, as the HF Trainer and accelerate accumulate."""
     for index in range(w.grad_accum):
         with _sync_context(model, last=index == w.grad_accum - 1):
-            with _autocast(w, device_type):
+            with _autocast(w, device_type), _offload(model, w, device_type):
                 loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
             (loss / w.grad_accum).backward()
             del loss
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def _offload(model, w: Workload, device_type: str):
+    """Activation offloading around the forward (profiler.fsdp.offload_activations, TRL's recipe):
+    saved tensors to host memory, pinned on cuda."""
+    if not w.activation_offload:
+        return nullcontext()
+    from profiler.fsdp import offload_activations
+
+    return offload_activations(model, pin=device_type == "cuda")
 
 
 def _sync_context(model, last: bool):
