@@ -324,7 +324,12 @@ def prepare(case: Case, w: Workload, device: str, world_size: int) -> tuple[list
     optimizer = build.make_optimizer(model, w)
     if world_size > 1 and w.fsdp == "none":
         model = _ddp(model, device)
-    return [_train_phase(model, optimizer, batch, w, device)], weights, None
+    host = None
+    if w.fsdp != "none" and w.offload != "none":   # read after the run: Adam's states exist after a step
+        from profiler import fsdp
+
+        host = lambda: fsdp.host_offload_bytes(model, optimizer)  # noqa: E731
+    return [_train_phase(model, optimizer, batch, w, device)], weights, host
 
 
 def _prepare_zero(case: Case, w: Workload, device: str):

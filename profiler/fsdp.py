@@ -75,6 +75,34 @@ def shard(model, w: Workload, device: str):
     return model
 
 
+def host_offload_bytes(model, optimizer) -> int:
+    """CPUOffloadPolicy: bytes of this rank's shards on the host (parameters, their gradients and
+    the optimizer's states; `step` counters excluded), each storage once. Read after the step, the
+    gradients are gone (zero_grad(set_to_none=True)): the host peak holds them too."""
+    import torch
+
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        if t is None or not isinstance(t, torch.Tensor):
+            return
+        t = t.to_local() if hasattr(t, "to_local") else t
+        key = t.untyped_storage().data_ptr()
+        if t.device.type == "cpu" and t.numel() and key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+
+    for p in model.parameters():
+        add(p)
+        add(p.grad)
+    for state in optimizer.state.values():
+        for name, value in state.items():
+            if name != "step":
+                add(value)
+    return total
+
+
 @contextmanager
 def offload_activations(model, pin: bool):
     """Saved tensors of MIN_OFFLOAD_BYTES or more on the host while the context is open (the

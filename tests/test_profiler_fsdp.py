@@ -41,7 +41,7 @@ def _odd_config(folder: Path) -> str:
 
 def _padded_shard_elements(case: Case, world: int) -> int:
     """Elements rank 0 stores: ceil(dim0 / world) rows of every parameter (meta build, no FSDP)."""
-    w = case.with_(fsdp="none", gpus=1).workload()
+    w = case.with_(fsdp="none", offload="none", gpus=1).workload()
     model = build.build_model(case.config(), w, "meta")
     return sum(math.ceil(p.shape[0] / world) * (p.numel() // p.shape[0]) for p in model.parameters())
 
@@ -80,6 +80,21 @@ def test_fsdp_two_gloo_ranks_hold_the_padded_shards(tmp_path, mode):
     # about half the model each (the padding is at most one row per parameter)
     full = _padded_shard_elements(case, 1)
     assert full / 2 <= per_rank < full / 2 + full / 10
+
+
+def test_fsdp_cpu_offload_puts_params_grads_and_adam_shards_on_the_host(tmp_path):
+    case = Case(_odd_config(tmp_path), {"fsdp": "full", "offload": "optimizer+params", "gpus": 2, "seq": 16,
+                                        "precision": "bf16"}, 1, 1)
+    rows = _run_child(tmp_path, case, 2)
+    per_rank = _padded_shard_elements(case, 2)
+    for row in rows:
+        assert row["status"] == "ok", row.get("message")
+    # rank 1's Adam states are zeros_like its unpadded chunk: rank 0 (full chunks) is the busiest
+    assert 0 < rows[1]["host_offload_bytes"] <= rows[0]["host_offload_bytes"]
+    for row in rows[:1]:
+        # read after the step: fp32 shard 4 + Adam exp_avg, exp_avg_sq 8 (the fp32 gradient shard
+        # was freed by the step's zero_grad(set_to_none=True))
+        assert row["host_offload_bytes"] == 12 * per_rank
 
 
 def test_fsdp_hybrid_is_a_skipped_row_saying_why(tmp_path):
