@@ -81,10 +81,11 @@ def check_packages(w: Workload) -> None:
     settings that need it (e.g. "bitsandbytes is not installed (needed for quant nf4)"). A
     flash_attn that is installed but does not import (a wheel built for another torch or CUDA:
     "undefined symbol") counts as missing: the configuration cannot run here, it did not fail."""
-    unbuilt = [f"{flag} {value}" for flag, value in (("fsdp", w.fsdp), ("activation_offload", w.activation_offload))
-               if value not in ("none", False)]
-    if unbuilt:   # never measured as something else: a skipped row says why
-        raise MissingPackage(f"the profiler does not build {', '.join(unbuilt)} yet (estimator only)")
+    from profiler.fsdp import hybrid_refusal
+
+    refused = hybrid_refusal(w)
+    if refused:   # never measured as something else: a skipped row says why
+        raise MissingPackage(refused)
     for name in required_packages(w):
         if importlib.util.find_spec(name) is None:
             raise MissingPackage(f"{name} is not installed (needed for {_needed_for(name, w)})")
@@ -247,6 +248,8 @@ def _bnb_linear(linear, w: Workload, device: str, std: float = 0.02):
     import bitsandbytes as bnb
 
     shape, dtype = (linear.out_features, linear.in_features), linear.weight.dtype
+    # FSDP QLoRA: bnb_4bit_quant_storage = the compute dtype, so the packed weights are floating and shard
+    storage = {"quant_storage": torch_dtype(w.compute_dtype)} if w.fsdp != "none" else {}
     if w.quant == "int8":
         new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=False,
                                   has_fp16_weights=False, threshold=6.0, device="meta")
@@ -256,11 +259,11 @@ def _bnb_linear(linear, w: Workload, device: str, std: float = 0.02):
     else:
         new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False,
                                 compute_dtype=torch_dtype(w.compute_dtype), compress_statistics=w.double_quant,
-                                quant_type=w.quant, device="meta")
+                                quant_type=w.quant, device="meta", **storage)
         data = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std)
         new.weight = bnb.nn.Params4bit(data, requires_grad=False, blocksize=64,
                                        compress_statistics=w.double_quant, quant_type=w.quant,
-                                       module=new).to(device)
+                                       module=new, **storage).to(device)
     del data  # the unquantized weight: gone before the next linear's is made
     if linear.bias is not None:
         new.bias = torch.nn.Parameter(torch.zeros(linear.out_features, dtype=linear.bias.dtype, device=device),

@@ -313,14 +313,23 @@ def prepare(case: Case, w: Workload, device: str, world_size: int) -> tuple[list
     if w.zero:
         return _prepare_zero(case, w, device)
     model = build.build_model(case.config(), w, device)
+    if w.fsdp != "none" and w.training:   # sharded before the weights are read and the optimizer made
+        from profiler import fsdp
+
+        model = fsdp.shard(model, w, device)
     weights = measure.weights_bytes(model, device)
     batch = build.make_batch(w, _vocab_size(model), device)
     if not w.training:
         return _inference_phases(model, batch, w, device), weights, None
     optimizer = build.make_optimizer(model, w)
-    if world_size > 1:
+    if world_size > 1 and w.fsdp == "none":
         model = _ddp(model, device)
-    return [_train_phase(model, optimizer, batch, w, device)], weights, None
+    host = None
+    if w.fsdp != "none" and w.offload != "none":   # read after the run: Adam's states exist after a step
+        from profiler import fsdp
+
+        host = lambda: fsdp.host_offload_bytes(model, optimizer)  # noqa: E731
+    return [_train_phase(model, optimizer, batch, w, device)], weights, host
 
 
 def _prepare_zero(case: Case, w: Workload, device: str):

@@ -99,6 +99,7 @@ def weights_bytes(model, device: str | None = None) -> int | None:
     seen, total = set(), 0
     kind = None if device is None else device.split(":")[0]
     for p in model.parameters():
+        p = p.to_local() if hasattr(p, "to_local") else p   # FSDP2: this rank's shard (DTensor)
         for t in [p, *_stored_beside(p)]:
             if t.device.type == "meta" or t.numel() == 0 or (kind and t.device.type != kind):
                 continue

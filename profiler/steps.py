@@ -33,7 +33,7 @@ def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) ->
             if w.loss == "model-dtype":
                 _own_loss_step(model, batch, w, device_type)
                 continue
-            with _autocast(w, device_type):
+            with _autocast(w, device_type), _offload(model, w, device_type):
                 loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
             (loss / w.grad_accum).backward()
             del loss
@@ -49,13 +49,23 @@ def _own_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:
     and as the HF Trainer keeps only the loss."""
     import torch.nn.functional as F
 
-    with _autocast(w, device_type):
+    with _autocast(w, device_type), _offload(model, w, device_type):
         output = model(input_ids=batch.input_ids, use_cache=False)
         logits = output.logits
         loss = F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.size(-1)), batch.labels[:, 1:].reshape(-1))
     del logits, output
     (loss / w.grad_accum).backward()
     del loss
+
+
+def _offload(model, w: Workload, device_type: str):
+    """Activation offloading around the forward (profiler.fsdp.offload_activations, TRL's recipe):
+    saved tensors to host memory, pinned on cuda."""
+    if not w.activation_offload:
+        return nullcontext()
+    from profiler.fsdp import offload_activations
+
+    return offload_activations(model, pin=device_type == "cuda")
 
 
 def _sync_context(model, last: bool):

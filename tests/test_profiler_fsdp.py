@@ -1,0 +1,161 @@
+"""The profiler builds FSDP2 (`fully_shard`) and activation offloading for real (profiler/fsdp.py),
+run through the child (profiler/child.py) on CPU under gloo.
+
+Expectations come from torch's own rules, not from the code under test: FSDP2 shards every
+parameter on dim 0 into `torch.chunk(world)` pieces padded to chunk 0's size
+(torch/distributed/fsdp/_fully_shard/_fsdp_param.py `_init_sharded_param`), counted on a meta
+build of the same model; and the estimator's shard bytes (estimator/fsdp.py) must equal them.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from estimator.configs import load_spec
+from estimator.states import model_states, states_key
+from estimator.workload import Workload
+from profiler import build, steps
+from profiler import fsdp as pfsdp
+from profiler.case import Case
+from profiler.runner import free_port, launch_command
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "data" / "tiny-llama.json"
+
+
+def _odd_config(folder: Path) -> str:
+    """tiny-llama with odd sizes, so FSDP's padding of the last chunk matters."""
+    cfg = json.loads(TINY.read_text())
+    cfg.update(hidden_size=45, head_dim=10, num_attention_heads=5, num_key_value_heads=1,
+               intermediate_size=99, vocab_size=1001)
+    path = folder / "tiny-llama-odd.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _padded_shard_elements(case: Case, world: int) -> int:
+    """Elements rank 0 stores: ceil(dim0 / world) rows of every parameter (meta build, no FSDP)."""
+    w = case.with_(fsdp="none", offload="none", gpus=1).workload()
+    model = build.build_model(case.config(), w, "meta")
+    return sum(math.ceil(p.shape[0] / world) * (p.numel() // p.shape[0]) for p in model.parameters())
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                            "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return env
+
+
+def _run_child(tmp_path: Path, case: Case, world: int) -> list[dict]:
+    case_path, out = tmp_path / "case.json", tmp_path / "R.json"
+    case_path.write_text(case.to_json())
+    base = [sys.executable, "-m", "profiler.child", "--case", str(case_path), "--out", str(out), "--backend", "cpu"]
+    cmd = launch_command(base, world, 0, free_port())
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if world == 1:
+        return [json.loads(out.read_text())[0]]
+    return [json.loads((tmp_path / f"R.rank{r}.json").read_text())[0] for r in range(world)]
+
+
+@pytest.mark.parametrize("mode", ["full", "grad-op"])
+def test_fsdp_two_gloo_ranks_hold_the_padded_shards(tmp_path, mode):
+    case = Case(_odd_config(tmp_path), {"fsdp": mode, "gpus": 2, "seq": 16, "precision": "bf16"}, 1, 1)
+    rows = _run_child(tmp_path, case, 2)
+    per_rank = _padded_shard_elements(case, 2)
+    w = case.workload()
+    estimated = model_states(states_key(w))
+    for rank, row in enumerate(rows):
+        assert (row["status"], row["rank"], row["world_size"]) == ("ok", rank, 2), row.get("message")
+        # accelerate's recipe: fp32 sharded master copies of what trains, padded to chunk 0's size
+        assert row["weights_bytes"] == 4 * per_rank
+    assert estimated.weights == rows[0]["weights_bytes"]
+    # about half the model each (the padding is at most one row per parameter)
+    full = _padded_shard_elements(case, 1)
+    assert full / 2 <= per_rank < full / 2 + full / 10
+
+
+def test_fsdp_cpu_offload_puts_params_grads_and_adam_shards_on_the_host(tmp_path):
+    case = Case(_odd_config(tmp_path), {"fsdp": "full", "offload": "optimizer+params", "gpus": 2, "seq": 16,
+                                        "precision": "bf16"}, 1, 1)
+    rows = _run_child(tmp_path, case, 2)
+    per_rank = _padded_shard_elements(case, 2)
+    for row in rows:
+        assert row["status"] == "ok", row.get("message")
+    # rank 1's Adam states are zeros_like its unpadded chunk: rank 0 (full chunks) is the busiest
+    assert 0 < rows[1]["host_offload_bytes"] <= rows[0]["host_offload_bytes"]
+    for row in rows[:1]:
+        # read after the step: fp32 shard 4 + Adam exp_avg, exp_avg_sq 8 (the fp32 gradient shard
+        # was freed by the step's zero_grad(set_to_none=True))
+        assert row["host_offload_bytes"] == 12 * per_rank
+
+
+def test_fsdp_hybrid_is_a_skipped_row_saying_why(tmp_path):
+    case = Case(str(TINY), {"fsdp": "hybrid", "gpus": 1, "nodes": 2, "seq": 16, "precision": "bf16"}, 1, 1)
+    with pytest.raises(build.MissingPackage, match="2 nodes"):
+        build.check_packages(case.workload())
+
+
+def _saved_count(model, batch, w):
+    """Saved tensors of >= 1 KiB outside the output head, counted by our own hook (no offload)."""
+    head, inside, count = model.get_output_embeddings(), [False], [0]
+    pre = head.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+    post = head.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+
+    def pack(t):
+        if not inside[0] and t.untyped_storage().nbytes() >= 1024:
+            count[0] += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss.backward()
+    pre.remove()
+    post.remove()
+    model.zero_grad(set_to_none=True)
+    return count[0]
+
+
+def test_activation_offload_moves_the_saved_tensors_and_keeps_the_gradients():
+    case = Case(str(TINY), {"activation_offload": True, "seq": 16}, 1, 1)
+    w = case.workload()
+    torch.manual_seed(0)
+    model = build.build_model(case.config(), w, "cpu")
+    batch = build.make_batch(w, 1000, "cpu")
+    expected = _saved_count(model, batch, w)
+    ref = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
+    ref.backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    pfsdp.offload_activations.moved = 0
+    with pfsdp.offload_activations(model, pin=False):
+        loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
+    assert pfsdp.offload_activations.moved == expected > 0
+    loss.backward()
+    for p, g in zip(model.parameters(), ref_grads):
+        torch.testing.assert_close(p.grad, g)
+    # the step itself goes through it
+    pfsdp.offload_activations.moved = 0
+    steps.train_step(model, build.make_optimizer(model, w), batch, w, "cpu")
+    assert pfsdp.offload_activations.moved == expected
+
+
+def test_activation_offload_row_is_ok_in_one_process(tmp_path):
+    case = Case(str(TINY), {"activation_offload": True, "seq": 16}, 1, 1)
+    row = _run_child(tmp_path, case, 1)[0]
+    assert (row["status"], row["world_size"]) == ("ok", 1), row.get("message")
+
+
+def test_tracer_refuses_activation_offload_in_one_line():
+    from profiler.trace_scope import check_traceable
+
+    w = Workload(load_spec(str(TINY)), activation_offload=True).validate()
+    with pytest.raises(NotImplementedError) as e:
+        check_traceable(w)
+    assert "\n" not in str(e.value) and "activation offloading" in str(e.value)
