@@ -7,7 +7,7 @@ the caller (measure or trace) decides how to time and when to read memory.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 from estimator.workload import Workload
 from profiler.build import Batch, autocast_dtype
@@ -69,11 +69,30 @@ def _offload(model, w: Workload, device_type: str):
 
 
 def _sync_context(model, last: bool):
-    """`model.no_sync()` for a DDP model on a micro-batch that is not the last, else nothing
-    (forward and backward both inside: DDP reads the flag in the forward)."""
+    """On a micro-batch that is not the last: `model.no_sync()` for a DDP model (forward and backward
+    both inside: DDP reads the flag in the forward), and for an FSDP2 model what accelerate's
+    `no_sync` does (accelerate 1.15.0 accelerator.py line 1167): `set_requires_gradient_sync(False)`,
+    so the unsharded gradients stay until the last micro-batch (the estimator's
+    `_fsdp_unsharded_grads`); else nothing."""
+    if last:
+        return nullcontext()
+    from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
-    return model.no_sync() if not last and isinstance(model, DistributedDataParallel) else nullcontext()
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    if isinstance(model, FSDPModule):
+        return _fsdp_no_sync(model)
+    return nullcontext()
+
+
+@contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def prefill(model, batch: Batch, w: Workload, device_type: str):

@@ -159,3 +159,30 @@ def test_tracer_refuses_activation_offload_in_one_line():
     with pytest.raises(NotImplementedError) as e:
         check_traceable(w)
     assert "\n" not in str(e.value) and "activation offloading" in str(e.value)
+
+
+def test_fsdp2_gradient_accumulation_keeps_gradients_unsharded_until_the_last_micro_batch():
+    """accelerate's no_sync for FSDP2 (accelerator.py line 1167): set_requires_gradient_sync(False)
+    on every micro-batch but the last, True again after it."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = fully_shard(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+        assert isinstance(model, FSDPModule)
+        seen = []
+        model.set_requires_gradient_sync = lambda flag, **kw: seen.append(flag)
+        for last in (False, True):
+            with steps._sync_context(model, last=last):
+                seen.append("step")
+        assert seen == [False, "step", True, "step"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_gradient_accumulation_row_is_ok(tmp_path):
+    case = Case(_odd_config(tmp_path), {"fsdp": "full", "gpus": 2, "seq": 16, "precision": "bf16",
+                                        "grad_accum": 2}, 1, 1)
+    rows = _run_child(tmp_path, case, 2)
+    assert [row["status"] for row in rows] == ["ok", "ok"], rows[0].get("message")
