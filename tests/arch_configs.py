@@ -79,3 +79,29 @@ TINY.update({
                         head_dim=16, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
                         attention_chunk_size=8, max_position_embeddings=128),
 })
+
+TINY.update({
+    # OLMo-1: LayerNorms without parameters, q/k/v/o biases when attention_bias
+    "olmo": dict(model_type="olmo", intermediate_size=96, num_hidden_layers=2, pad_token_id=0, eos_token_id=1,
+                 **_ATTN),
+    "olmo-bias": dict(model_type="olmo", intermediate_size=96, num_hidden_layers=2, attention_bias=True,
+                      pad_token_id=0, eos_token_id=1, **_ATTN),
+    # StableLM-2: LayerNorm with bias, q/k/v biases, partial rotary; the -qk variant: per-head q/k
+    # LayerNorms and the parallel residual (StableLM-2-12B)
+    "stablelm": dict(model_type="stablelm", intermediate_size=96, num_hidden_layers=2, use_qkv_bias=True,
+                     bos_token_id=0, eos_token_id=0, **_ATTN),
+    "stablelm-qk-parallel": dict(model_type="stablelm", intermediate_size=96, num_hidden_layers=2,
+                                 use_qkv_bias=False, qk_layernorm=True, use_parallel_residual=True,
+                                 bos_token_id=0, eos_token_id=0, **_ATTN),
+    # GPT-J: parallel block, rotary on rotary_dim of each head, biased fc_in/fc_out and lm_head
+    "gptj": dict(model_type="gptj", vocab_size=211, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128,
+                 bos_token_id=0, eos_token_id=0),
+    # GLM-4 / GLM-4-0414: fused gate_up_proj, q/k/v biases, head_dim set apart from hidden / heads
+    "glm": dict(model_type="glm", intermediate_size=96, num_hidden_layers=2, head_dim=16, pad_token_id=0,
+                eos_token_id=1, **_ATTN),
+    "glm4": dict(model_type="glm4", intermediate_size=96, num_hidden_layers=2, head_dim=16, pad_token_id=0,
+                 eos_token_id=1, **_ATTN),
+    # Cohere2: 3 sliding + 1 full layer, parallel block, logit_scale
+    "cohere2": dict(model_type="cohere2", intermediate_size=96, num_hidden_layers=4, sliding_window=4,
+                    pad_token_id=0, bos_token_id=1, eos_token_id=2, **_ATTN),
+})

@@ -308,7 +308,8 @@ def test_real_cache_mla_holds_the_compressed_latent(name):
     assert kv_cache_bytes(spec, BATCH, PROMPT, 4, tp=4) == kv_cache_bytes(spec, BATCH, PROMPT, 4)
 
 
-@pytest.mark.parametrize("name", ["gpt_oss", "exaone4", "starcoder2", "olmo2", "glm4_moe", "llama4_text"])
+@pytest.mark.parametrize("name", ["gpt_oss", "exaone4", "starcoder2", "olmo2", "glm4_moe", "llama4_text", "olmo", "stablelm",
+                                  "stablelm-qk-parallel", "gptj", "glm", "glm4", "cohere2"])
 def test_real_cache_newer_families(name):
     raw = TINY[name]
     cfg = AutoConfig.for_model(**raw)

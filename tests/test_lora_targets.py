@@ -26,6 +26,7 @@ from estimator.model import spec_from_config
 from estimator.params import count_params
 from estimator.states import lora_params
 from estimator.workload import Workload, lora_targets_from_text
+from tests.arch_configs import TINY
 
 transformers.logging.set_verbosity_error()
 RANK = 8
@@ -57,6 +58,9 @@ def _two_layers(cfg: dict) -> dict:
 
 
 FAMILIES = {mt: _two_layers(cfg) for mt, cfg in _families().items()}
+# families without a catalog entry: their tiny configs (tests/arch_configs.py)
+for _name in ("olmo", "stablelm", "stablelm-qk-parallel", "gptj", "glm", "glm4", "cohere2"):
+    FAMILIES.setdefault(_name, TINY[_name])
 
 
 def _peft_trainable(cfg: dict, targets) -> int:
