@@ -51,6 +51,9 @@ _PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
+# rotary embeddings computed in fp32 (OLMo: fp32 cos/sin tables; Cohere, Cohere2: q.float(), k.float()),
+# with the number of q-sized fp32 tensors alive at once in the prefill
+_FP32_ROTARY = {"olmo": 3, "cohere": 4, "cohere2": 4}
 _FP32_QK_EAGER = ("gptj",)                 # eager attention scores from fp32 casts of q and k
 
 _PER_HEAD_LAYERNORM = ("stablelm",)        # q/k LayerNorms, one nn.LayerNorm per head
@@ -572,6 +575,21 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
     else:
         scores = 2 * compute if spec.model_type in _PLAIN_SOFTMAX else compute + 8
     return compute * (2 * q_dim + 2 * k_heads) + (mask + scores * spec.num_heads) * kv_tokens
+
+
+def inference_rotary_bytes_per_token(key: ActivationKey) -> int:
+    """Prefill working set per token while a layer's queries get their rotary embedding in fp32
+    (OLMo: fp32 cos/sin tables; Cohere, Cohere2: q.float(), k.float()), 0 for the other families:
+    q, k and v in the compute dtype, `_FP32_ROTARY` q-sized fp32 tensors at once (q * cos,
+    rotate_half(q) and its product with sin; Cohere's q.float() too), the fp32 cos and sin tables,
+    and the layer input and normed input (hidden width). This layer's keys are not cached yet."""
+    spec = key.model
+    compute = dtypes(key).compute
+    if spec.model_type not in _FP32_ROTARY or compute == 4:
+        return 0
+    q_dim, kv_dim = spec.q_dim, spec.kv_dim
+    return (compute * (q_dim + 2 * kv_dim) + 4 * _FP32_ROTARY[spec.model_type] * q_dim + 8 * spec.head_dim
+            + 2 * compute * spec.hidden_size)
 
 
 def inference_mlp_bytes_per_token(key: ActivationKey) -> int:
