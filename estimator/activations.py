@@ -244,6 +244,9 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
         core = compute * (q_dim + 2 * kv_dim) + compute * q_dim + 4 * spec.num_heads   # q, k, v, output, lse
         copy = key.attn == "sdpa" and spec.model_type in _PARTIAL_ROTARY
     total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
+    if spec.qkv_clip:
+        # OlmoAttention clamps q, k and v in place (clamp_): autograd keeps a copy of each as it was
+        total += dt.linear_out * (q_dim + 2 * kv_dim)
     if spec.model_type in _FP32_QK_EAGER and key.attn == "eager":
         # GPTJAttention._attn: query.to(float32), key.to(float32) before the score matmul, which saves
         # them (the sin/cos tables its rotary saves, 4 x rotary_dim per token, are not counted)

@@ -67,6 +67,7 @@ class ModelSpec:
     attention_sinks: bool = False  # one learned sink logit per head and layer (gpt-oss)
     router_bias: bool = False      # MoE router with a bias (gpt-oss) or a stored score bias (ERNIE-4.5)
     expert_bias: bool = False      # the fused experts carry biases (gpt-oss)
+    qkv_clip: bool = False         # q, k, v clamped in place (OLMo `clip_qkv`); kept last (fingerprint)
 
     def __hash__(self) -> int:
         # Specs are dictionary keys of every cache; hashing 30 fields each time costs more than
@@ -86,6 +87,8 @@ class ModelSpec:
     def fingerprint(self) -> str:
         """8 hex digits of a hash of the architecture (stable across processes, name excluded)."""
         fields = astuple(self)[1:]
+        if not self.qkv_clip:   # added later: specs without it keep the fingerprints stored ids carry
+            fields = fields[:-1]
         return hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
 
     @property
@@ -562,7 +565,7 @@ def _from_olmo1(cfg: dict, name: str) -> ModelSpec:
     """OLMo (1): Llama with OlmoLayerNorm, a LayerNorm without weight or bias computed in fp32
     (F.layer_norm(x.float(), ..., None, None)); biases on q/k/v/o where `attention_bias`;
     `clip_qkv` clamps q/k/v in place (no parameters); untied by default (OlmoConfig)."""
-    return _llama_like(cfg, name, norm="layer_noparam",
+    return _llama_like(cfg, name, norm="layer_noparam", qkv_clip=cfg.get("clip_qkv") is not None,
                        num_kv_heads=_get(cfg, "num_key_value_heads", _require(cfg, "num_attention_heads")))
 
 

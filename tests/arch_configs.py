@@ -118,6 +118,8 @@ TRACED.update({
                                  use_parallel_residual=True, bos_token_id=0, eos_token_id=0, **_TRACE),
     "gptj": dict(model_type="gptj", vocab_size=2048, n_embd=256, n_layer=2, n_head=4, rotary_dim=16, n_positions=512,
                  bos_token_id=0, eos_token_id=0),
+    # OLMo-1.7's clip_qkv: q, k, v clamped in place (autograd keeps copies)
+    "olmo-clip": dict(model_type="olmo", num_hidden_layers=2, clip_qkv=8.0, pad_token_id=0, eos_token_id=1, **_TRACE),
     "glm": dict(model_type="glm", num_hidden_layers=2, head_dim=64, pad_token_id=0, eos_token_id=1, **_TRACE),
     "glm4": dict(model_type="glm4", num_hidden_layers=2, head_dim=64, pad_token_id=0, eos_token_id=1, **_TRACE),
     # window 64 < the traced 256 tokens: the sliding layers get SDPA's 4-D mask and repeated k/v

@@ -68,3 +68,13 @@ def test_gptj_refuses_sdpa_as_transformers_does():
     with pytest.raises(InputError, match="no SDPA"):
         Workload(spec_from_config(TRACED["gptj"], "gptj"), method="full").validate()
     assert Workload(spec_from_config(TRACED["gptj"], "gptj"), method="full", attn="eager").validate()
+
+
+def test_the_clip_flag_leaves_stored_fingerprints_alone():
+    # ModelSpec.qkv_clip came after measurements were stored under ids carrying fingerprints: a spec
+    # without it keeps its fingerprint (Llama-2-7b's, computed before the field existed)
+    from estimator.configs import load_spec
+
+    assert load_spec("meta-llama/Llama-2-7b-hf").fingerprint == "e5159878"
+    clipped, plain = (spec_from_config(TRACED[n], n) for n in ("olmo-clip", "olmo"))
+    assert clipped.qkv_clip and not plain.qkv_clip and clipped.fingerprint != plain.fingerprint
