@@ -46,10 +46,18 @@ from estimator.regimes import regime
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
-_PARTIAL_ROTARY = ("phi", "gpt_neox")      # q made contiguous per head by torch.cat
+# q made contiguous per head by torch.cat (partial rotary: Phi, GPT-NeoX, StableLM, GLM-4)
+_PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
+# rotary embeddings computed in fp32 (OLMo: fp32 cos/sin tables; Cohere, Cohere2: q.float(), k.float()),
+# with the number of q-sized fp32 tensors alive at once in the prefill
+_FP32_ROTARY = {"olmo": 3, "cohere": 4, "cohere2": 4}
+_FP32_QK_EAGER = ("gptj",)                 # eager attention scores from fp32 casts of q and k
+
+_PER_HEAD_LAYERNORM = ("stablelm",)        # q/k LayerNorms, one nn.LayerNorm per head
+_FUSED_GATE_UP = ("phi3", "glm", "glm4")   # one gate_up_proj linear
 _DROPOUT = {"gpt2": ("attn", "resid", "embed"), "gpt_bigcode": ("attn", "resid", "embed"),
             "opt": ("resid", "embed"), "phi": ("resid",)}
 _FP32_NORM_WEIGHT = ("olmo2", "gpt_oss")   # RMSNorm: (weight * x) in fp32, then cast (as Gemma)
@@ -138,6 +146,8 @@ def _input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int, saved: boo
         return 0
     if key.model.model_type in _FUSED_QKV and set(roles) >= {"q_proj", "k_proj", "v_proj"}:
         readers -= sum(_trains(key, role) for role in ("k_proj", "v_proj"))   # q, k, v are one linear
+    if key.model.model_type in _FUSED_GATE_UP and set(roles) >= {"gate_proj", "up_proj"}:
+        readers -= _trains(key, "up_proj")                                   # gate and up are one linear
     if key.method == "full":
         if dt.autocast and x_bytes != dt.compute:
             return readers * dt.compute       # each linear saves its own autocast cast
@@ -159,6 +169,10 @@ def norm_bytes(key: ActivationKey, trains: bool) -> int:
     hidden = spec.hidden_size
     if spec.norm == "layer":
         return dt.residual * hidden + 8
+    if spec.norm == "layer_nobias":    # CohereLayerNorm in fp32 ops: x - mean twice (pow, mul), rsqrt; normalized x for the weight
+        return 8 * hidden + 4 + (4 * hidden if trains else 0)
+    if spec.norm == "layer_noparam":   # OlmoLayerNorm: F.layer_norm(x.float()) saves the fp32 input, mean, rstd
+        return 4 * hidden + 8
     if key.liger:    # Liger's RMSNorm saves its input as it comes and an fp32 rstd (ops/rms_norm.py)
         return dt.residual * hidden + 4
     if spec.model_type.startswith("gemma") or spec.model_type in _FP32_NORM_WEIGHT:
@@ -230,7 +244,18 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
         core = compute * (q_dim + 2 * kv_dim) + compute * q_dim + 4 * spec.num_heads   # q, k, v, output, lse
         copy = key.attn == "sdpa" and spec.model_type in _PARTIAL_ROTARY
     total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
-    if spec.qk_norm:
+    if spec.qkv_clip:
+        # OlmoAttention clamps q, k and v in place (clamp_): autograd keeps a copy of each as it was
+        total += dt.linear_out * (q_dim + 2 * kv_dim)
+    if spec.model_type in _FP32_QK_EAGER and key.attn == "eager":
+        # GPTJAttention._attn: query.to(float32), key.to(float32) before the score matmul, which saves
+        # them (the sin/cos tables its rotary saves, 4 x rotary_dim per token, are not counted)
+        total += (4 - compute) * (q_dim + kv_dim)
+    if spec.qk_norm and spec.model_type in _PER_HEAD_LAYERNORM:
+        # StableLmLayerNormPerHead: nn.LayerNorm per head over split views of q/k_proj's output (kept
+        # whole) with an fp32 mean and rstd per head; the normalized heads are a new tensor (cat)
+        total += dt.linear_out * (q_dim + kv_dim) + 8 * (spec.num_heads + spec.num_kv_heads)
+    elif spec.qk_norm:
         heads = 1 + 1 if spec.qk_norm_full else spec.num_heads + spec.num_kv_heads  # rsqrt rows
         normed = 4 if spec.model_type in _FP32_NORM_WEIGHT else dt.residual
         total += 4 * (q_dim + kv_dim) + 4 * heads + (normed * (q_dim + kv_dim) if key.method == "full" else 0)
@@ -249,6 +274,8 @@ def score_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
     """Eager attention's saved scores per query token: softmax output (fp32 unless the model calls
     a plain softmax outside autocast), the half cast the value matmul reads, dropout mask and
     output when attention dropout is on, Gemma-2's soft-capping tanh."""
+    if key.attn == "sdpa":
+        return _sliding_mask_bytes(key, kv_tokens)
     if key.attn != "eager":
         return 0
     spec, dt = key.model, dtypes(key)
@@ -261,6 +288,20 @@ def score_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
     if spec.model_type in _ATTN_SOFTCAP:
         per_key += dt.compute
     return per_key * spec.num_heads * kv_tokens
+
+
+def _sliding_mask_bytes(key: ActivationKey, kv_tokens: int) -> int:
+    """SDPA on a sliding layer once the keys reach the window (masking_utils skips the mask only below
+    it): the 4-D mask goes to the kernel, CUDA's memory-efficient kernel saves it converted to the
+    compute dtype (one row of kv_tokens per query, made per layer), and transformers repeats k and v
+    to every head (`use_gqa_in_sdpa` needs no mask). Averaged over the layers, as the layer formulas."""
+    spec = key.model
+    if not spec.sliding_window or kv_tokens < spec.sliding_window:
+        return 0
+    sliding = spec.window_layers[1]
+    compute = dtypes(key).compute
+    per_layer = compute * kv_tokens + 2 * compute * (spec.q_dim - spec.kv_dim)
+    return round(per_layer * sliding / spec.num_layers)
 
 
 def _activation_saves(spec: ModelSpec, dt: Dtypes) -> tuple[int, int, bool]:
@@ -463,9 +504,13 @@ def _first_layer_discount(key: ActivationKey) -> int:
         return 0
     spec = key.model
     discount = norm_bytes(key, trains=False)
-    mlp_frozen = not any(_trains(key, role) for role in ("up_proj", "down_proj"))
-    if spec.parallel_block and spec.norms_per_layer == 1 and mlp_frozen:
+    if spec.parallel_block and spec.norms_per_layer == 1 and not any(_trains(key, r) for r in ("gate_proj", "up_proj")):
+        # nothing before the MLP's output needs a gradient but a down_proj adapter, which keeps its input (cast)
         discount += mlp_bytes_per_token(key)
+        if _trains(key, "down_proj") and not spec.is_moe:
+            dt = dtypes(key)
+            _, out, _ = _activation_saves(spec, dt)
+            discount -= _input_bytes(key, dt, ("down_proj",), dt.linear_out if spec.mlp_gated else out) * spec.intermediate_size
     return discount
 
 
@@ -533,6 +578,21 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
     else:
         scores = 2 * compute if spec.model_type in _PLAIN_SOFTMAX else compute + 8
     return compute * (2 * q_dim + 2 * k_heads) + (mask + scores * spec.num_heads) * kv_tokens
+
+
+def inference_rotary_bytes_per_token(key: ActivationKey) -> int:
+    """Prefill working set per token while a layer's queries get their rotary embedding in fp32
+    (OLMo: fp32 cos/sin tables; Cohere, Cohere2: q.float(), k.float()), 0 for the other families:
+    q, k and v in the compute dtype, `_FP32_ROTARY` q-sized fp32 tensors at once (q * cos,
+    rotate_half(q) and its product with sin; Cohere's q.float() too), the fp32 cos and sin tables,
+    and the layer input and normed input (hidden width). This layer's keys are not cached yet."""
+    spec = key.model
+    compute = dtypes(key).compute
+    if spec.model_type not in _FP32_ROTARY or compute == 4:
+        return 0
+    q_dim, kv_dim = spec.q_dim, spec.kv_dim
+    return (compute * (q_dim + 2 * kv_dim) + 4 * _FP32_ROTARY[spec.model_type] * q_dim + 8 * spec.head_dim
+            + 2 * compute * spec.hidden_size)
 
 
 def inference_mlp_bytes_per_token(key: ActivationKey) -> int:

@@ -62,7 +62,7 @@ def model_tensors(spec: ModelSpec, params: ParamCounts) -> list[Tensor]:
         out.append(Tensor(lin.d_out, lin.d_in, lin.count, "linear", lin.role))
         if lin.bias:
             out.append(Tensor(lin.d_out, 1, lin.count, "other", lin.role))
-    per_norm = 2 if spec.norm == "layer" else 1
+    per_norm = spec.norm_tensors
     norms = spec.norms_per_layer * spec.num_layers + int(spec.final_norm)
     out.append(Tensor(spec.hidden_size, 1, per_norm * norms, "other", "norm"))
     if spec.qk_norm:

@@ -61,7 +61,16 @@ _LAYOUTS = {
     "gpt_neox": ("gpt_neox.layers.{}.", {"attention.query_key_value": _QKV, "attention.dense": ("o_proj",),
                                          "mlp.dense_h_to_4h": ("up_proj",), "mlp.dense_4h_to_h": ("down_proj",)},
                  "gpt_neox.embed_in"),
+    # transformers 5.23 GPTJAttention / GPTJMLP
+    "gptj": ("transformer.h.{}.", {"attn.q_proj": ("q_proj",), "attn.k_proj": ("k_proj",), "attn.v_proj": ("v_proj",),
+                                   "attn.out_proj": ("o_proj",), "mlp.fc_in": ("up_proj",), "mlp.fc_out": ("down_proj",)},
+             "transformer.wte"),
+    # GlmMLP / Glm4MLP: one gate_up_proj
+    "glm": ("model.layers.{}.", {**{k: v for k, v in _LLAMA_NAMES.items() if k.startswith("self_attn.")},
+                                 "mlp.gate_up_proj": ("gate_proj", "up_proj"), "mlp.down_proj": ("down_proj",)},
+            "model.embed_tokens"),
 }
+_LAYOUTS["glm4"] = _LAYOUTS["glm"]
 _DEFAULT_LAYOUT = ("model.layers.{}.", _LLAMA_NAMES, "model.embed_tokens")
 
 

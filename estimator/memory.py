@@ -421,7 +421,11 @@ def _inference_working_set(w: Workload, params: ParamCounts) -> float:
     mlp = act.inference_mlp_bytes_per_token(key) * tokens
     residual = act.inference_residual_bytes_per_token(key) * tokens
     casts = 2 * max(lin.d_in * lin.d_out for lin in params.linears) if w.amp else 0
-    layer = (max(mlp, attention) + residual + casts) / w.tp
+    # fp32 rotary (OLMo, Cohere): the last layer's keys are not cached yet at that point
+    rotary = act.inference_rotary_bytes_per_token(key) * tokens
+    if rotary:
+        rotary -= inference_kv_bytes(spec, w.batch, w.seq, 0, kv_dtype_bytes(w), 1) / spec.num_layers
+    layer = (max(max(mlp, attention) + residual, rotary) + casts) / w.tp
     head = 2 * (params.lm_head or params.embedding) if w.amp else 0
     logits = (w.batch * spec.vocab_size * act_bytes + head + act_bytes * spec.hidden_size * tokens) / w.tp
     return max(layer, logits)

@@ -33,7 +33,8 @@ class ModelSpec:
     intermediate_size: int
     mlp_gated: bool            # SwiGLU/GeGLU: gate, up, down; else fc1, fc2
     activation: str
-    norm: str                  # "rms" (weight) or "layer" (weight + bias)
+    norm: str                  # "rms" (weight), "layer" (weight + bias), "layer_nobias" (weight only: Cohere),
+                               # "layer_noparam" (neither: OLMo-1's F.layer_norm without weight)
     norms_per_layer: int
     qk_norm: bool              # per-head RMSNorm on q and k (Qwen3, Gemma-3)
     qkv_bias: bool
@@ -66,6 +67,7 @@ class ModelSpec:
     attention_sinks: bool = False  # one learned sink logit per head and layer (gpt-oss)
     router_bias: bool = False      # MoE router with a bias (gpt-oss) or a stored score bias (ERNIE-4.5)
     expert_bias: bool = False      # the fused experts carry biases (gpt-oss)
+    qkv_clip: bool = False         # q, k, v clamped in place (OLMo `clip_qkv`); kept last (fingerprint)
 
     def __hash__(self) -> int:
         # Specs are dictionary keys of every cache; hashing 30 fields each time costs more than
@@ -85,7 +87,14 @@ class ModelSpec:
     def fingerprint(self) -> str:
         """8 hex digits of a hash of the architecture (stable across processes, name excluded)."""
         fields = astuple(self)[1:]
+        if not self.qkv_clip:   # added later: specs without it keep the fingerprints stored ids carry
+            fields = fields[:-1]
         return hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
+
+    @property
+    def norm_tensors(self) -> int:
+        """Parameter tensors of one hidden-width norm: weight and bias, weight, or none."""
+        return {"layer": 2, "layer_noparam": 0}.get(self.norm, 1)
 
     @property
     def is_mla(self) -> bool:
@@ -552,6 +561,72 @@ def _from_llama4_text(cfg: dict, name: str) -> ModelSpec:
         sliding_window=chunk if chunk and "chunked_attention" in types else None)
 
 
+def _from_olmo1(cfg: dict, name: str) -> ModelSpec:
+    """OLMo (1): Llama with OlmoLayerNorm, a LayerNorm without weight or bias computed in fp32
+    (F.layer_norm(x.float(), ..., None, None)); biases on q/k/v/o where `attention_bias`;
+    `clip_qkv` clamps q/k/v in place (no parameters); untied by default (OlmoConfig)."""
+    return _llama_like(cfg, name, norm="layer_noparam", qkv_clip=cfg.get("clip_qkv") is not None,
+                       num_kv_heads=_get(cfg, "num_key_value_heads", _require(cfg, "num_attention_heads")))
+
+
+def _from_stablelm(cfg: dict, name: str) -> ModelSpec:
+    """StableLM (StableLmConfig/StableLmDecoderLayer): nn.LayerNorm with bias, q/k/v biases where
+    `use_qkv_bias` (o_proj none), partial rotary through `cat`, optional q/k LayerNorms per head
+    (StableLmLayerNormPerHead: one weight-only LayerNorm of head_dim per head), and with
+    `use_parallel_residual` one norm feeding attention and MLP (no post_attention_layernorm)."""
+    parallel = bool(_get(cfg, "use_parallel_residual", False))
+    bias = bool(_get(cfg, "use_qkv_bias", False))
+    return _llama_like(
+        cfg, name, norm="layer", norms_per_layer=1 if parallel else 2, parallel_block=parallel,
+        qkv_bias=bias, o_bias=False, qk_norm=bool(_get(cfg, "qk_layernorm", False)), qk_norm_full=True,
+        num_kv_heads=_get(cfg, "num_key_value_heads", _require(cfg, "num_attention_heads")), mlp_bias=False)
+
+
+def _from_gptj(cfg: dict, name: str) -> ModelSpec:
+    """GPT-J (GPTJConfig/GPTJBlock): one LayerNorm (with bias) feeding attention and MLP in parallel,
+    q/k/v/out_proj without bias, fc_in/fc_out with bias (`n_inner`, default 4 x n_embd, activation
+    `activation_function`), rotary on the first `rotary_dim` of each head, lm_head with a bias,
+    untied by default. Its attention runs eager (fp32 scores) or flash_attention_2: no SDPA."""
+    hidden = _require(cfg, "n_embd")
+    return _plain(
+        cfg, name, vocab_size=_require(cfg, "vocab_size"), hidden_size=hidden, num_layers=_require(cfg, "n_layer"),
+        num_heads=_require(cfg, "n_head"), intermediate_size=_get(cfg, "n_inner", 4 * hidden),
+        activation=_get(cfg, "activation_function", "gelu_new"), norms_per_layer=1, qkv_bias=False,
+        o_bias=False, mlp_bias=True, lm_head_bias=True, parallel_block=True,
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
+        max_position_embeddings=_get(cfg, "n_positions", 2048))
+
+
+def _from_glm(cfg: dict, name: str) -> ModelSpec:
+    """GLM-4 (`glm`, GlmConfig) and GLM-4-0414 (`glm4`): q/k/v biases (`attention_bias`, default
+    True), o_proj without, one fused `gate_up_proj` (SiLU-gated) and `down_proj`, head_dim 128 and
+    2 kv heads by default, partial rotary (half the head); `glm4` adds RMSNorms after attention
+    and after the MLP (post_self_attn_layernorm, post_mlp_layernorm): four per layer."""
+    bias = bool(_get(cfg, "attention_bias", True))
+    return _llama_like(
+        cfg, name, qkv_bias=bias, o_bias=False, head_dim=_get(cfg, "head_dim", 128),
+        num_kv_heads=_get(cfg, "num_key_value_heads", 2),
+        norms_per_layer=4 if cfg["model_type"] == "glm4" else 2, sliding_window=None)
+
+
+def _from_cohere2(cfg: dict, name: str) -> ModelSpec:
+    """Cohere2 (Command-R7B, Command-A): Cohere's parallel block with one weight-only LayerNorm and
+    no q/k norms; layers from `layer_types`, else three sliding then one full
+    (`sliding_window_pattern` 4); rotary only on sliding layers; `logit_scale` multiplies the
+    logits (no parameter); tied by default."""
+    layers = _require(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types")
+    if not types:
+        pattern = _get(cfg, "sliding_window_pattern", 4)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    heads = _require(cfg, "num_attention_heads")
+    return _llama_like(
+        {**cfg, "layer_types": types, "sliding_window": _get(cfg, "sliding_window", 4096)}, name,
+        norm="layer_nobias", norms_per_layer=1, parallel_block=True, head_dim=_require(cfg, "hidden_size") // heads,
+        num_kv_heads=_get(cfg, "num_key_value_heads", heads),
+        tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)))
+
+
 _NEWER = {
     "llama4_text": _from_llama4_text,
     "deepseek_v2": _from_deepseek, "deepseek_v3": _from_deepseek,
@@ -559,6 +634,8 @@ _NEWER = {
     "granite": _from_granite, "granitemoe": _from_granite, "smollm3": _from_smollm3,
     "starcoder2": _from_starcoder2, "cohere": _from_cohere, "exaone4": _from_exaone4,
     "glm4_moe": _from_glm4_moe, "phimoe": _from_phimoe, "ernie4_5_moe": _from_ernie_moe,
+    "olmo": _from_olmo1, "stablelm": _from_stablelm, "gptj": _from_gptj, "glm": _from_glm, "glm4": _from_glm,
+    "cohere2": _from_cohere2,
 }
 
 

@@ -92,7 +92,7 @@ class ParamCounts:
 
 
 def _norm_params(spec: ModelSpec, width: int) -> int:
-    return width * (2 if spec.norm == "layer" else 1)
+    return width * spec.norm_tensors
 
 
 def _attention_linears(spec: ModelSpec) -> list[Linear]:
@@ -153,8 +153,10 @@ def _norms(spec: ModelSpec) -> int:
     h = spec.hidden_size
     per_layer = spec.norms_per_layer * _norm_params(spec, h)
     if spec.qk_norm:
-        q_k = spec.q_dim + spec.kv_dim if spec.qk_norm_full else 2 * spec.head_dim
-        per_layer += _norm_params(spec, q_k)
+        if spec.qk_norm_full:   # weight only in every family that has them (OLMo-2, Cohere, StableLM per head)
+            per_layer += spec.q_dim + spec.kv_dim
+        else:
+            per_layer += _norm_params(spec, 2 * spec.head_dim)
     if spec.is_mla:  # q_a_layernorm (with q_lora_rank) and kv_a_layernorm
         per_layer += spec.q_lora_rank + spec.kv_lora_rank
     if spec.attention_sinks:  # not a norm: one sink logit per head (gpt-oss), kept with them

@@ -157,7 +157,7 @@ def _trainable_tensors(key: StatesKey, params: ParamCounts) -> list[tuple[int, i
                 for tensor in ((key.lora_rank * d_in, n), (key.lora_rank * d_out, n))]
     out = [(lin.d_in * lin.d_out, lin.count) for lin in params.linears]
     out += [(lin.d_out, lin.count) for lin in params.linears if lin.bias]
-    per_norm = 2 if spec.norm == "layer" else 1
+    per_norm = spec.norm_tensors
     out.append((spec.hidden_size, per_norm * (spec.norms_per_layer * spec.num_layers + int(spec.final_norm))))
     if spec.qk_norm:
         out.append((spec.head_dim, per_norm * 2 * spec.num_layers))

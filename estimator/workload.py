@@ -19,6 +19,7 @@ PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor")
 ADAMW_IMPLS = ("fused", "foreach", "single")
 ATTENTIONS = ("eager", "sdpa", "flash")
+NO_SDPA = ("gptj",)   # model_types transformers 5.23 builds with eager or flash_attention_2 only
 QUANTS = ("none", "int8", "nf4", "fp4")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -226,6 +227,9 @@ def _check_method(w: Workload) -> None:
         raise InputError("--new-tokens applies to inference only")
     if w.method != "inference" and w.compiled:
         raise InputError("--compiled applies to inference only (compiled decode with a static cache)")
+    if w.attn == "sdpa" and w.model.model_type in NO_SDPA:
+        raise InputError(f"{w.model.model_type} has no SDPA attention in transformers 5.23 (the model refuses "
+                         f"attn_implementation='sdpa'; loaded without one it runs eager): use --attn eager or flash")
     if w.attn == "flash" and w.compute_dtype == "fp32":
         raise InputError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
     if w.quant != "none" and w.compute_dtype == "fp32" and w.method == "inference":

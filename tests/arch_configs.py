@@ -79,3 +79,51 @@ TINY.update({
                         head_dim=16, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
                         attention_chunk_size=8, max_position_embeddings=128),
 })
+
+TINY.update({
+    # OLMo-1: LayerNorms without parameters, q/k/v/o biases when attention_bias
+    "olmo": dict(model_type="olmo", intermediate_size=96, num_hidden_layers=2, pad_token_id=0, eos_token_id=1,
+                 **_ATTN),
+    "olmo-bias": dict(model_type="olmo", intermediate_size=96, num_hidden_layers=2, attention_bias=True,
+                      pad_token_id=0, eos_token_id=1, **_ATTN),
+    # StableLM-2: LayerNorm with bias, q/k/v biases, partial rotary; the -qk variant: per-head q/k
+    # LayerNorms and the parallel residual (StableLM-2-12B)
+    "stablelm": dict(model_type="stablelm", intermediate_size=96, num_hidden_layers=2, use_qkv_bias=True,
+                     bos_token_id=0, eos_token_id=0, **_ATTN),
+    "stablelm-qk-parallel": dict(model_type="stablelm", intermediate_size=96, num_hidden_layers=2,
+                                 use_qkv_bias=False, qk_layernorm=True, use_parallel_residual=True,
+                                 bos_token_id=0, eos_token_id=0, **_ATTN),
+    # GPT-J: parallel block, rotary on rotary_dim of each head, biased fc_in/fc_out and lm_head
+    "gptj": dict(model_type="gptj", vocab_size=211, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128,
+                 bos_token_id=0, eos_token_id=0),
+    # GLM-4 / GLM-4-0414: fused gate_up_proj, q/k/v biases, head_dim set apart from hidden / heads
+    "glm": dict(model_type="glm", intermediate_size=96, num_hidden_layers=2, head_dim=16, pad_token_id=0,
+                eos_token_id=1, **_ATTN),
+    "glm4": dict(model_type="glm4", intermediate_size=96, num_hidden_layers=2, head_dim=16, pad_token_id=0,
+                 eos_token_id=1, **_ATTN),
+    # Cohere2: 3 sliding + 1 full layer, parallel block, logit_scale
+    "cohere2": dict(model_type="cohere2", intermediate_size=96, num_hidden_layers=4, sliding_window=4,
+                    pad_token_id=0, bos_token_id=1, eos_token_id=2, **_ATTN),
+})
+
+# The families mapped from transformers 5.23's code in this round, traced against the estimator
+# (tests/test_architectures_vs_trace.py): wide enough that per-token tensors dominate.
+_TRACE = dict(vocab_size=2048, hidden_size=256, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=512)
+TRACED.update({
+    "olmo": dict(model_type="olmo", num_hidden_layers=2, pad_token_id=0, eos_token_id=1, **_TRACE),
+    "stablelm": dict(model_type="stablelm", num_hidden_layers=2, use_qkv_bias=True, bos_token_id=0, eos_token_id=0,
+                     **_TRACE),
+    "stablelm-qk-parallel": dict(model_type="stablelm", num_hidden_layers=2, qk_layernorm=True,
+                                 use_parallel_residual=True, bos_token_id=0, eos_token_id=0, **_TRACE),
+    "gptj": dict(model_type="gptj", vocab_size=2048, n_embd=256, n_layer=2, n_head=4, rotary_dim=16, n_positions=512,
+                 bos_token_id=0, eos_token_id=0),
+    # OLMo-1.7's clip_qkv: q, k, v clamped in place (autograd keeps copies)
+    "olmo-clip": dict(model_type="olmo", num_hidden_layers=2, clip_qkv=8.0, pad_token_id=0, eos_token_id=1, **_TRACE),
+    "glm": dict(model_type="glm", num_hidden_layers=2, head_dim=64, pad_token_id=0, eos_token_id=1, **_TRACE),
+    "glm4": dict(model_type="glm4", num_hidden_layers=2, head_dim=64, pad_token_id=0, eos_token_id=1, **_TRACE),
+    # window 64 < the traced 256 tokens: the sliding layers get SDPA's 4-D mask and repeated k/v
+    "cohere2": dict(model_type="cohere2", num_hidden_layers=4, sliding_window=64, pad_token_id=0, bos_token_id=1,
+                    eos_token_id=2, **_TRACE),
+    "mistral-window": dict(model_type="mistral", num_hidden_layers=2, sliding_window=64, **_TRACE),
+})

@@ -25,7 +25,8 @@ from estimator.lora_targets import matched, sites
 from estimator.model import spec_from_config
 from estimator.params import count_params
 from estimator.states import lora_params
-from estimator.workload import Workload, lora_targets_from_text
+from estimator.workload import NO_SDPA, Workload, lora_targets_from_text
+from tests.arch_configs import TINY
 
 transformers.logging.set_verbosity_error()
 RANK = 8
@@ -57,6 +58,9 @@ def _two_layers(cfg: dict) -> dict:
 
 
 FAMILIES = {mt: _two_layers(cfg) for mt, cfg in _families().items()}
+# families without a catalog entry: their tiny configs (tests/arch_configs.py)
+for _name in ("olmo", "stablelm", "stablelm-qk-parallel", "gptj", "glm", "glm4", "cohere2"):
+    FAMILIES.setdefault(_name, TINY[_name])
 
 
 def _peft_trainable(cfg: dict, targets) -> int:
@@ -76,7 +80,8 @@ def _spec(model_type: str):
 
 
 def _ours(model_type: str, targets: tuple) -> int:
-    w = Workload(_spec(model_type), method="lora", lora_rank=RANK, lora_targets=targets).validate()
+    attn = "eager" if _spec(model_type).model_type in NO_SDPA else "sdpa"   # GPT-J: no SDPA in transformers 5.23
+    w = Workload(_spec(model_type), method="lora", lora_rank=RANK, lora_targets=targets, attn=attn).validate()
     return lora_params(w, count_params(w.model))
 
 

@@ -66,20 +66,31 @@ def test_linears_by_their_own_names(built):
     cfg, model, p = built
     found = {}
     for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and ".layers." in name and ".experts" not in name \
+        if isinstance(mod, torch.nn.Linear) and (".layers." in name or ".h." in name) and ".experts" not in name \
                 and not name.endswith((".gate", ".router")):
             role = name.rpartition(".")[2]
             key = (role, mod.in_features, mod.out_features, mod.bias is not None)
             found[key] = found.get(key, 0) + 1
     ours = {}
+    renamed = _OWN_NAMES.get(cfg["model_type"], {})
     for lin in p.linears:
         if lin.expert:
             continue
-        role = {"up_proj": "c_fc", "down_proj": "c_proj"}.get(lin.role, lin.role) \
-            if cfg["model_type"] == "starcoder2" else lin.role
-        key = (role, lin.d_in, lin.d_out, lin.bias)
+        role, d_out = renamed.get(lin.role, lin.role), lin.d_out
+        if role == "gate_up_proj":      # one fused linear (GLM): counted once at twice the width
+            if lin.role == "up_proj":
+                continue
+            d_out *= 2
+        key = (role, lin.d_in, d_out, lin.bias)
         ours[key] = ours.get(key, 0) + lin.count
     assert ours == found
+
+
+# the estimator's roles under each family's own module names (transformers 5.23 modeling code)
+_OWN_NAMES = {"starcoder2": {"up_proj": "c_fc", "down_proj": "c_proj"},
+              "gptj": {"o_proj": "out_proj", "up_proj": "fc_in", "down_proj": "fc_out"},
+              "glm": {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"},
+              "glm4": {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}}
 
 
 def test_mla_roles_are_the_modules_names():
