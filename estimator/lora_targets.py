@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from estimator.errors import InputError
 from estimator.model import ModelSpec
-from estimator.params import ALL_LINEAR, _mla_linears
+from estimator.params import ALL_LINEAR, _linear_attention_linears, _mla_linears
 
 ALL_LINEAR_TEXT = "all-linear"
 _REGEX_CHARS = re.compile(r"[\\^$*+?()\[\]{}|]")
@@ -77,7 +77,8 @@ class Site(NamedTuple):
 
 
 def _widths(spec: ModelSpec, roles: tuple[str, ...], width: int) -> tuple[int, int]:
-    out = {"q_proj": spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim, "o_proj": spec.hidden_size,
+    gated = 2 if spec.attn_output_gate else 1   # Qwen3-Next's q_proj also emits the output gate
+    out = {"q_proj": gated * spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim, "o_proj": spec.hidden_size,
            "gate_proj": width, "up_proj": width, "down_proj": spec.hidden_size}
     d_in = {"o_proj": spec.q_dim, "down_proj": width}.get(roles[0], spec.hidden_size)
     return d_in, sum(out[r] for r in roles)
@@ -100,8 +101,17 @@ _FEED_FORWARD = {"llama4_text": "feed_forward"}
 _LINEAR_ROUTER = ("llama4_text",)
 
 
+def _linear_attention_sites(spec: ModelSpec, prefix: str) -> list[Site]:
+    """Qwen3NextGatedDeltaNet's linears (`linear_attn.*`; its conv1d is an nn.Conv1d, not a target)."""
+    return [Site(f"{prefix}linear_attn.{lin.role}", lin.d_in, lin.d_out, (lin.role,), "linear")
+            for lin in _linear_attention_linears(spec)]
+
+
 def _layer_sites(spec: ModelSpec, prefix: str, names: dict, i: int) -> list[Site]:
     sites = _mla_sites(spec, prefix) if spec.is_mla else []
+    if spec.layer_types and spec.layer_types[i] == "linear":
+        sites = _linear_attention_sites(spec, prefix)
+        names = {k: v for k, v in names.items() if not k.startswith("self_attn.")}
     moe = spec.is_moe and spec.moe_layer_flags[i]
     ff = _FEED_FORWARD.get(spec.model_type, "mlp")
     names = {(ff + k[3:] if k.startswith("mlp.") else k): v for k, v in names.items()}
@@ -154,7 +164,7 @@ _MOE_MAPPING = {
 }
 # transformers 5.23 `conversion_mapping._MODEL_TO_CONVERSION_PATTERN` gives these the qwen2_moe pattern too (peft
 # reads that table); each is checked against peft in tests/test_lora_targets.py through its catalog entry
-for _model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+for _model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe", "qwen3_next"):
     _MOE_MAPPING[_model_type] = _MOE_MAPPING["qwen3_moe"]
 
 

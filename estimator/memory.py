@@ -390,15 +390,19 @@ def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, t
 
     Sliding-window layers cache at most `sliding_window` tokens (transformers 5 DynamicCache).
     Tensor parallel splits kv heads; with more ranks than kv heads each rank keeps one whole head.
+    Linear-attention layers (Qwen3-Next) hold a conv and a recurrent state whatever `tokens` is
+    (`ModelSpec.linear_state_bytes`; not split by tensor parallel here).
     """
-    return batch * spec.attended_tokens(tokens) * spec.kv_cache_width(tp) * dtype_bytes
+    return (batch * spec.attended_tokens(tokens) * spec.kv_cache_width(tp) * dtype_bytes
+            + spec.linear_state_bytes(batch, dtype_bytes))
 
 
 def inference_kv_bytes(spec: ModelSpec, batch: int, prompt: int, new_tokens: int, dtype_bytes: int,
                        tp: int = 1) -> int:
     """The largest KV cache held during generate: after the prefill, a sliding layer still holds
     the whole prompt (its window is a view of the prefill tensor until the first decode step)."""
-    after_prefill = batch * spec.num_layers * prompt * spec.kv_cache_width(tp) * dtype_bytes
+    after_prefill = (batch * spec.num_attention_layers * prompt * spec.kv_cache_width(tp) * dtype_bytes
+                     + spec.linear_state_bytes(batch, dtype_bytes))
     return max(after_prefill, kv_cache_bytes(spec, batch, prompt + new_tokens, dtype_bytes, tp))
 
 

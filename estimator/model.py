@@ -66,6 +66,14 @@ class ModelSpec:
     attention_sinks: bool = False  # one learned sink logit per head and layer (gpt-oss)
     router_bias: bool = False      # MoE router with a bias (gpt-oss) or a stored score bias (ERNIE-4.5)
     expert_bias: bool = False      # the fused experts carry biases (gpt-oss)
+    # Gated delta-net linear attention (Qwen3-Next): layers whose layer_types entry is "linear"
+    # hold a conv state and a recurrent state instead of a KV cache (constant in sequence length).
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    attn_output_gate: bool = False  # q_proj also emits a sigmoid gate on the attention output (Qwen3-Next)
 
     def __hash__(self) -> int:
         # Specs are dictionary keys of every cache; hashing 30 fields each time costs more than
@@ -130,9 +138,42 @@ class ModelSpec:
 
     @cached_property
     def window_layers(self) -> tuple[int, int]:
-        """(layers attending to every token, layers attending to a sliding window)."""
+        """(layers attending to every token, layers attending to a sliding window); linear-attention
+        layers (Qwen3-Next's gated delta-net) are neither."""
         sliding = sum(1 for t in self.layer_types if t == "sliding") if self.sliding_window else 0
-        return self.num_layers - sliding, sliding
+        return self.num_layers - sliding - self.num_linear_layers, sliding
+
+    @cached_property
+    def num_linear_layers(self) -> int:
+        """Layers with gated delta-net linear attention instead of softmax attention."""
+        return sum(1 for t in self.layer_types if t == "linear")
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with softmax attention (q/k/v/o projections and a KV cache)."""
+        return self.num_layers - self.num_linear_layers
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the depthwise causal conv over q, k and v (Qwen3NextGatedDeltaNet.conv_dim)."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    def linear_state_bytes(self, batch: int, dtype_bytes: int) -> int:
+        """What transformers 5.23's LinearAttentionLayer keeps per linear-attention layer, whatever
+        the sequence length: the conv state (batch, conv_dim, kernel) in the activations' dtype and
+        the recurrent state (batch, value heads, key head dim, value head dim) in fp32 (the
+        torch chunked/recurrent gated delta rule computes and returns it in float32)."""
+        per_layer = (self.linear_conv_dim * self.linear_conv_kernel * dtype_bytes
+                     + 4 * self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim)
+        return batch * self.num_linear_layers * per_layer
 
     def attended_tokens(self, tokens: int) -> int:
         """Sum over layers of the keys one query at position `tokens` attends (or caches)."""
@@ -552,8 +593,45 @@ def _from_llama4_text(cfg: dict, name: str) -> ModelSpec:
         sliding_window=chunk if chunk and "chunked_attention" in types else None)
 
 
+def _from_qwen3_next(cfg: dict, name: str) -> ModelSpec:
+    """Qwen3-Next (transformers 5.23 Qwen3NextConfig/Qwen3NextModel): `layer_types` (default every
+    `full_attention_interval`-th layer full, 4) mixes gated delta-net linear attention
+    (Qwen3NextGatedDeltaNet: in_proj_qkvz, in_proj_ba, a depthwise conv1d over q/k/v, dt_bias, A_log,
+    a gated RMSNorm over the value head dim, out_proj) with gated full attention (q_proj twice as
+    wide: queries and a sigmoid gate on the output; per-head q/k RMSNorm); MoE where
+    `num_experts` > 0 on layers (i + 1) % decoder_sparse_step == 0 not in `mlp_only_layers`, with a
+    shared expert and its sigmoid gate (nn.Linear(hidden, 1)); dense MLPs `intermediate_size` wide."""
+    layers = _require(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types")
+    if not types:
+        interval = _get(cfg, "full_attention_interval", 4)
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if len(types) != layers:
+        raise InputError(f"config layer_types has {len(types)} entries for {layers} layers")
+    unknown = sorted(set(types) - {"linear_attention", "full_attention"})
+    if unknown:
+        raise InputError(f"qwen3_next layer_types holds {unknown[0]!r} (expected linear_attention or full_attention)")
+    experts = _get(cfg, "num_experts", 512)
+    shared = _get(cfg, "shared_expert_intermediate_size", 512) if experts else 0
+    key_heads, value_heads = _get(cfg, "linear_num_key_heads", 16), _get(cfg, "linear_num_value_heads", 32)
+    if key_heads <= 0 or value_heads % key_heads:
+        raise InputError(f"malformed config: {value_heads} linear value heads do not divide into {key_heads} key heads")
+    return _llama_like(
+        cfg, name, qk_norm=True, num_kv_heads=_get(cfg, "num_key_value_heads", 2), head_dim=_get(cfg, "head_dim", 256),
+        intermediate_size=_get(cfg, "intermediate_size", 5632), attn_output_gate=True,
+        num_experts=experts, experts_per_token=_get(cfg, "num_experts_per_tok", 10) if experts else 0,
+        moe_intermediate_size=_get(cfg, "moe_intermediate_size", 512) if experts else 0,
+        shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
+        moe_layer_flags=_moe_flags(cfg, layers) if experts else (),
+        layer_types=tuple("linear" if t == "linear_attention" else "full" for t in types), sliding_window=None,
+        linear_key_heads=key_heads, linear_value_heads=value_heads,
+        linear_key_head_dim=_get(cfg, "linear_key_head_dim", 128),
+        linear_value_head_dim=_get(cfg, "linear_value_head_dim", 128),
+        linear_conv_kernel=_get(cfg, "linear_conv_kernel_dim", 4))
+
+
 _NEWER = {
-    "llama4_text": _from_llama4_text,
+    "llama4_text": _from_llama4_text, "qwen3_next": _from_qwen3_next,
     "deepseek_v2": _from_deepseek, "deepseek_v3": _from_deepseek,
     "gpt_oss": _from_gpt_oss, "olmo2": _from_olmo, "olmoe": _from_olmo,
     "granite": _from_granite, "granitemoe": _from_granite, "smollm3": _from_smollm3,

@@ -79,3 +79,14 @@ TINY.update({
                         head_dim=16, num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
                         attention_chunk_size=8, max_position_embeddings=128),
 })
+
+TINY.update({
+    # Qwen3-Next: linear (gated delta-net) layers, every 4th full with a gated q_proj; MoE with a shared
+    # expert (and its sigmoid gate) on all but mlp_only_layers; value heads twice the key heads
+    "qwen3_next": dict(model_type="qwen3_next", vocab_size=211, hidden_size=64, intermediate_size=96,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                       linear_num_key_heads=2, linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[1],
+                       max_position_embeddings=128),
+})

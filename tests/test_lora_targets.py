@@ -51,6 +51,8 @@ def _two_layers(cfg: dict) -> dict:
         cfg["no_rope_layers"] = [1, 0]          # one chunked, one NoPE layer (Llama-4)
     if "moe_layers" in cfg:
         cfg["moe_layers"] = [1]                 # one dense and one MoE layer (Llama-4)
+    if "full_attention_interval" in cfg:
+        cfg["full_attention_interval"] = 2      # one linear-attention and one full-attention layer (Qwen3-Next)
     if "mlp_only_layers" in cfg:
         cfg["mlp_only_layers"] = [1]        # one dense and one MoE layer (Qwen-MoE)
     return cfg
