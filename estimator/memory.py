@@ -243,7 +243,7 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     head = (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
     if w.quant != "none":
         return 2 * head
-    layers = 2 * sizes.linear_w * params.dense_fraction / (w.dp if w.zero == 3 else 1)
+    layers = 2 * (sizes.linear_w - sizes.expert_w) / (w.dp if w.zero == 3 else 1)
     cached = w.method == "full" and not saved    # the cache outlives checkpointed layers' forward
     if w.grad_ckpt and not cached:
         layers = 0.0
