@@ -63,6 +63,9 @@ _LAYOUTS = {
                  "gpt_neox.embed_in"),
 }
 _DEFAULT_LAYOUT = ("model.layers.{}.", _LLAMA_NAMES, "model.embed_tokens")
+# vision-language models: the language model under model.language_model (Qwen2.5-VL, Qwen3-VL)
+for _vl in ("qwen2_5_vl", "qwen3_vl"):
+    _LAYOUTS[_vl] = ("model.language_model.layers.{}.", _LLAMA_NAMES, "model.language_model.embed_tokens")
 
 
 class Site(NamedTuple):
@@ -139,6 +142,10 @@ def sites(spec: ModelSpec) -> tuple[Site, ...]:
     out = []
     for i in range(spec.num_layers):
         out += _layer_sites(spec, prefix.format(i), names, i)
+    # a VL model's vision tower: peft matches its linears too (all-linear, a regex, a shared leaf name
+    # such as Qwen2.5-VL's gate_proj); role "vision" keeps them out of the decoder-layer formulas
+    for template, d_in, d_out, blocks in spec.vision_linears:
+        out += [Site(template.format(i), d_in, d_out, ("vision",), "linear") for i in range(blocks)]
     if spec.embed_dim != spec.hidden_size:   # OPT-350m's projections around the decoder
         out += [Site("model.decoder.project_in", spec.embed_dim, spec.hidden_size, ("project_in",), "linear"),
                 Site("model.decoder.project_out", spec.hidden_size, spec.embed_dim, ("project_out",), "linear")]

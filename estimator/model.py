@@ -74,6 +74,11 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
     attn_output_gate: bool = False  # q_proj also emits a sigmoid gate on the attention output (Qwen3-Next)
+    # Vision-language models (Qwen2.5-VL, Qwen3-VL): the vision tower and its merger(s), counted
+    # whole (estimator.model._vision_params); the language model is the rest of the spec.
+    vision_params: int = 0
+    # its nn.Linear modules as (name with {} for the block index, d_in, d_out, blocks): LoRA sites
+    vision_linears: tuple[tuple[str, int, int, int], ...] = ()
 
     def __hash__(self) -> int:
         # Specs are dictionary keys of every cache; hashing 30 fields each time costs more than
@@ -630,8 +635,77 @@ def _from_qwen3_next(cfg: dict, name: str) -> ModelSpec:
         linear_conv_kernel=_get(cfg, "linear_conv_kernel_dim", 4))
 
 
+def _vision_params(cfg: dict) -> int:
+    """Parameters of the vision tower (transformers 5.23), from `vision_config` with the vision config
+    class's defaults:
+    - Qwen2.5-VL (Qwen2_5_VisionTransformerPretrainedModel): Conv3d patch embedding without bias
+      (hidden x channels x temporal x patch x patch); per block two RMSNorms (hidden), qkv (hidden -> 3
+      hidden, bias), proj (bias), a gated MLP gate/up/down with biases (`intermediate_size`); the
+      merger: RMSNorm(hidden), Linear(4 hidden -> 4 hidden) and Linear(4 hidden -> out_hidden_size),
+      both with bias (4 = spatial_merge_size^2).
+    - Qwen3-VL (Qwen3VLVisionModel): Conv3d patch embedding with bias, a learned position table
+      (num_position_embeddings x hidden); per block two LayerNorms (weight + bias), qkv and proj with
+      bias, linear_fc1/linear_fc2 with bias; the merger (LayerNorm(hidden)) and one deepstack merger per
+      `deepstack_visual_indexes` entry (LayerNorm(4 hidden)), each Linear(4h -> 4h) + Linear(4h -> out)."""
+    mt = cfg["model_type"]
+    v = cfg.get("vision_config") or {}
+    qwen3 = mt == "qwen3_vl"
+    h = _get(v, "hidden_size", 1152 if qwen3 else 3584)
+    width = _get(v, "intermediate_size", 4304 if qwen3 else 3420)
+    depth = _get(v, "depth", 27 if qwen3 else 32)
+    channels = _get(v, "in_channels", 3)
+    patch = _get(v, "patch_size", 16 if qwen3 else 14)
+    temporal = _get(v, "temporal_patch_size", 2)
+    merged = h * _get(v, "spatial_merge_size", 2) ** 2
+    out = _get(v, "out_hidden_size", 3584)
+    linear = lambda d_in, d_out: d_in * d_out + d_out   # noqa: E731 (with bias)
+    attention = linear(h, 3 * h) + linear(h, h)
+    merger = linear(merged, merged) + linear(merged, out)
+    embed = h * channels * temporal * patch * patch
+    blocks = [("model.visual.blocks.{}.attn.qkv", h, 3 * h, depth), ("model.visual.blocks.{}.attn.proj", h, h, depth)]
+    if qwen3:
+        block = 2 * 2 * h + attention + linear(h, width) + linear(width, h)
+        deepstack = len(_get(v, "deepstack_visual_indexes", [8, 16, 24]))
+        linears = blocks + [("model.visual.blocks.{}.mlp.linear_fc1", h, width, depth),
+                            ("model.visual.blocks.{}.mlp.linear_fc2", width, h, depth),
+                            ("model.visual.merger.linear_fc1", merged, merged, 1),
+                            ("model.visual.merger.linear_fc2", merged, out, 1),
+                            ("model.visual.deepstack_merger_list.{}.linear_fc1", merged, merged, deepstack),
+                            ("model.visual.deepstack_merger_list.{}.linear_fc2", merged, out, deepstack)]
+        return (embed + h + _get(v, "num_position_embeddings", 2304) * h + depth * block
+                + 2 * h + merger + deepstack * (2 * merged + merger)), tuple(linears)
+    block = 2 * h + attention + 2 * linear(h, width) + linear(width, h)
+    linears = blocks + [("model.visual.blocks.{}.mlp.gate_proj", h, width, depth),
+                        ("model.visual.blocks.{}.mlp.up_proj", h, width, depth),
+                        ("model.visual.blocks.{}.mlp.down_proj", width, h, depth),
+                        ("model.visual.merger.mlp.0", merged, merged, 1), ("model.visual.merger.mlp.2", merged, out, 1)]
+    return embed + depth * block + h + merger, tuple(linears)
+
+
+def _from_qwen_vl(cfg: dict, name: str) -> ModelSpec:
+    """Qwen2.5-VL and Qwen3-VL (Qwen2_5_VL/Qwen3VLForConditionalGeneration): the language model is a
+    Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms) decoder read from `text_config` (Qwen2.5-VL's
+    published configs keep its keys at the top level), mRoPE (no parameters), lm_head tied by the
+    top-level `tie_word_embeddings`; plus the vision tower (`_vision_params`). Image tokens are part
+    of the language model's sequence (--seq counts them)."""
+    import dataclasses
+
+    mt = cfg["model_type"]
+    text = cfg.get("text_config")
+    text = dict(text) if isinstance(text, dict) else {k: v for k, v in cfg.items() if k != "vision_config"}
+    text["model_type"] = "qwen3" if mt == "qwen3_vl" else "qwen2"
+    if mt == "qwen3_vl":
+        text.setdefault("num_key_value_heads", 32)
+        text.setdefault("head_dim", 128)
+    spec = _from_llama_family(text, name)
+    tied = bool(_get(cfg, "tie_word_embeddings", False)) or bool(_get(text, "tie_word_embeddings", False))
+    vision, linears = _vision_params(cfg)
+    return dataclasses.replace(spec, model_type=mt, tied_embeddings=tied, vision_params=vision, vision_linears=linears)
+
+
 _NEWER = {
     "llama4_text": _from_llama4_text, "qwen3_next": _from_qwen3_next,
+    "qwen2_5_vl": _from_qwen_vl, "qwen3_vl": _from_qwen_vl,
     "deepseek_v2": _from_deepseek, "deepseek_v3": _from_deepseek,
     "gpt_oss": _from_gpt_oss, "olmo2": _from_olmo, "olmoe": _from_olmo,
     "granite": _from_granite, "granitemoe": _from_granite, "smollm3": _from_smollm3,

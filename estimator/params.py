@@ -57,6 +57,7 @@ class ParamCounts:
     linears: tuple[Linear, ...]
     largest_layer: int    # largest single parameter tensor (ZeRO-3 gather, optimizer temporaries)
     active_expert_fraction: float  # experts_per_token / num_experts (1.0 for dense)
+    vision: int = 0       # vision tower and merger(s) of a vision-language model, counted whole
 
     @cached_property
     def linear_weights(self) -> int:
@@ -73,7 +74,7 @@ class ParamCounts:
     @cached_property
     def total(self) -> int:
         return (self.embedding + self.positions + self.lm_head + self.lm_head_bias + self.norms
-                + self.router + self.linear_weights + self.linear_biases)
+                + self.router + self.linear_weights + self.linear_biases + self.vision)
 
     @cached_property
     def dense_fraction(self) -> float:
@@ -218,5 +219,5 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     return ParamCounts(
         embedding=embedding, positions=positions, lm_head=lm_head, lm_head_bias=lm_head_bias,
         norms=_norms(spec), router=router, linears=linears, largest_layer=largest,
-        active_expert_fraction=fraction,
+        active_expert_fraction=fraction, vision=spec.vision_params,
     )

@@ -102,7 +102,8 @@ def local_sizes(key: StatesKey | Workload, params: ParamCounts) -> Sizes:
     linear_w = params.linear_weights - params.expert_weights + expert_w
     linear_b = params.linear_biases - expert_b + expert_b / ep
     return Sizes(linear_w * fraction, linear_b * fraction,
-                 (params.norms + params.router) * fraction, embed, head, layers, expert_w * fraction)
+                 (params.norms + params.router) * fraction + params.vision, embed, head, layers,
+                 expert_w * fraction)   # a VL model's vision tower: whole, on the first stage
 
 
 def lora_params(w: Workload | StatesKey, params: ParamCounts) -> int:

@@ -90,3 +90,23 @@ TINY.update({
                        moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[1],
                        max_position_embeddings=128),
 })
+
+# Vision-language models (built with AutoModelForImageTextToText, not AutoModelForCausalLM: kept apart
+# from TINY; tests/test_vision_language.py)
+VL = {
+    # vision-language: a Qwen2 decoder (config keys at the top level, as Qwen2.5-VL publishes them) and a
+    # Qwen3 decoder under text_config, each with a tiny vision tower (Qwen3-VL: two deepstack mergers)
+    "qwen2_5_vl": dict(model_type="qwen2_5_vl", vocab_size=211, hidden_size=64, intermediate_size=96,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       rope_scaling={"type": "default", "mrope_section": [2, 3, 3]},
+                       vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                                          fullatt_block_indexes=[1])),
+    "qwen3_vl": dict(model_type="qwen3_vl",
+                     text_config=dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=128,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                       "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+                     vision_config=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                                        num_position_embeddings=16, deepstack_visual_indexes=[0, 2])),
+}

@@ -138,7 +138,8 @@ def test_layer_kinds_and_window_match_transformers_cache(hub_id):
     # DynamicCache(config=...) picks its layer classes from get_layer_types_and_kwargs(config):
     # a "sliding_attention" layer becomes a DynamicSlidingWindowLayer with that window.
     cfg = AutoConfig.for_model(**_raw(hub_id))
-    types, kwargs = get_layer_types_and_kwargs(cfg)
+    # a vision-language model's cache is its language model's (generate passes the text config)
+    types, kwargs = get_layer_types_and_kwargs(cfg.get_text_config())
     spec = load_spec(hub_id)
     # a chunked layer (Llama-4) is cached as a sliding window of the chunk size (cache_utils)
     # a linear-attention layer (Qwen3-Next) keeps conv and recurrent states (LinearAttentionLayer)

@@ -17,7 +17,7 @@ from functools import lru_cache
 import pytest
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from estimator.configs import CATALOG_DIR
 from estimator.errors import InputError
@@ -42,6 +42,8 @@ def _families() -> dict[str, dict]:
 
 def _two_layers(cfg: dict) -> dict:
     cfg = dict(cfg)
+    if isinstance(cfg.get("text_config"), dict):       # a VL model's language model (Qwen3-VL)
+        cfg["text_config"] = _two_layers(cfg["text_config"])
     for key in ("num_hidden_layers", "n_layer", "num_layers"):
         if key in cfg:
             cfg[key] = 2
@@ -66,7 +68,9 @@ def _peft_trainable(cfg: dict, targets) -> int:
 
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+        # vision-language models (language model + vision tower) build through their own auto class
+        auto = AutoModelForImageTextToText if "vision_config" in cfg else AutoModelForCausalLM
+        model = auto.from_config(AutoConfig.for_model(**cfg))
         model.tie_weights()
         model = get_peft_model(model, LoraConfig(r=RANK, target_modules=targets))
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -84,7 +88,8 @@ def _ours(model_type: str, targets: tuple) -> int:
 
 def _native_names(model_type: str) -> list[str]:
     """The family's own leaf names of its decoder-layer linear modules (from our table)."""
-    return sorted({s.name.rpartition(".")[2] for s in sites(_spec(model_type)) if s.kind == "linear"})
+    return sorted({s.name.rpartition(".")[2] for s in sites(_spec(model_type))
+                   if s.kind == "linear" and s.roles != ("vision",)})   # a VL tower's linears are not decoder modules
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
