@@ -110,3 +110,13 @@ VL = {
                      vision_config=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
                                         num_position_embeddings=16, deepstack_visual_indexes=[0, 2])),
 }
+
+# Qwen3-Next traced against the estimator (tests/test_architectures_vs_trace.py): 3 gated delta-net layers
+# (torch fallback kernels on CPU) and one gated full-attention layer, MoE with a shared expert
+TRACED_LINEAR_ATTENTION = {
+    "qwen3_next": dict(model_type="qwen3_next", vocab_size=2048, hidden_size=256, intermediate_size=384,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                       linear_num_key_heads=4, linear_num_value_heads=8, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=128, shared_expert_intermediate_size=128, max_position_embeddings=512),
+}
