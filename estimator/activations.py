@@ -52,7 +52,7 @@ _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scor
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
 _DROPOUT = {"gpt2": ("attn", "resid", "embed"), "gpt_bigcode": ("attn", "resid", "embed"),
             "opt": ("resid", "embed"), "phi": ("resid",)}
-_FP32_NORM_WEIGHT = ("olmo2", "gpt_oss")   # RMSNorm: (weight * x) in fp32, then cast (as Gemma)
+_FP32_NORM_WEIGHT = ("olmo2", "gpt_oss", "qwen3_next")   # RMSNorm: (weight * x) in fp32, then cast (as Gemma; Qwen3-Next: x * (1 + weight))
 _INDEX_BYTES = 8                           # int64 routing indices
 # routers computing in fp32: F.linear(hidden.float(), weight.float()) (DeepseekV2/V3TopkRouter,
 # Glm4MoeTopkRouter, Ernie4_5_MoeTopKRouter, transformers 5.23); ERNIE keeps the weight in fp32
@@ -228,13 +228,49 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
     else:
         core = compute * (q_dim + 2 * kv_dim) + compute * q_dim + 4 * spec.num_heads   # q, k, v, output, lse
         copy = key.attn == "sdpa" and spec.model_type in _PARTIAL_ROTARY
-    total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
+    if spec.attn_output_gate:
+        # Qwen3-Next: the output (copied contiguous) times sigmoid(gate): both saved; o_proj reads the product
+        total = core + 2 * compute * q_dim + _input_bytes(key, dt, ("o_proj",), compute) * q_dim
+    else:
+        total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
     if spec.qk_norm:
         heads = 1 + 1 if spec.qk_norm_full else spec.num_heads + spec.num_kv_heads  # rsqrt rows
         normed = 4 if spec.model_type in _FP32_NORM_WEIGHT else dt.residual
         total += 4 * (q_dim + kv_dim) + 4 * heads + (normed * (q_dim + kv_dim) if key.method == "full" else 0)
     if _dropout(spec, "resid"):
         total += spec.hidden_size
+    return total
+
+
+_DELTA_CHUNK = 64   # torch_chunk_gated_delta_rule's chunk_size (transformers 5.23 Qwen3-Next)
+
+
+def _linear_attention(key: ActivationKey, dt: Dtypes) -> float:
+    """Saved per token by one Qwen3-Next gated delta-net layer besides its input (transformers 5.23
+    Qwen3NextGatedDeltaNet with the torch fallbacks `causal_conv1d_fn` and
+    `torch_chunk_gated_delta_rule`, which run wherever flash-linear-attention is not installed),
+    counted from the autograd graph of one layer (tensor by tensor; sequences padded to a multiple
+    of the 64-token chunk, `Tp`), with nv value heads of dk/dv dims:
+    - the depthwise conv: its input and its padded output (silu's input), compute dtype;
+    - fp32 per padded token: five chunk x chunk tensors per head (decay products, the triangular
+      system, the intra-chunk attention), six key-wide (k, k_beta, decayed keys, chunk views) and
+      three value-wide ones (v_beta, the solved values, the per-chunk corrections); four per-head
+      scalars (beta, decay, their cumulative forms);
+    - fp32 per token: q and k before their L2 norm, the gated RMSNorm's input, gate and silu (three
+      value-wide), five per-head scalars (softplus input, beta, ...); compute dtype: the norm's two
+      products (one only when its weight trains), beta's sigmoid; the recurrent state before each
+      chunk (fp32, heads x dk x dv per 64 tokens);
+    - out_proj's input when it trains (or its adapter's cast), the softplus output when A_log trains."""
+    spec, c = key.model, dt.compute
+    seq = max(key.seq, 1)
+    padded = -(-seq // _DELTA_CHUNK) * _DELTA_CHUNK / seq
+    nv, dk, dv = spec.linear_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
+    full = key.method == "full"
+    total = c * spec.linear_conv_dim * (1 + (seq + spec.linear_conv_kernel - 1) / seq)
+    total += padded * 4 * nv * (5 * _DELTA_CHUNK + 6 * dk + 3 * dv + 4)
+    total += 4 * nv * (2 * dk + 3 * dv + 5) + c * nv * (dv * (2 if full else 1) + 1) + (4 * nv if full else 0)
+    total += padded * 4 * nv * dk * dv / _DELTA_CHUNK
+    total += _input_bytes(key, dt, ("out_proj",), c) * spec.linear_value_dim
     return total
 
 
@@ -352,9 +388,15 @@ def layer_bytes_per_token(key: ActivationKey) -> int:
     if spec.parallel_block and spec.norms_per_layer == 1:     # one norm feeds attention and MLP
         total += _input_bytes(key, dt, attn_roles + mlp_roles, dt.residual) * hidden
     else:
-        total += _input_bytes(key, dt, attn_roles, dt.residual) * hidden
         total += _input_bytes(key, dt, mlp_roles if spec.mlp_gated or spec.is_moe else ("up_proj",),
                               dt.residual) * hidden
+        if spec.num_linear_layers:   # Qwen3-Next: gated delta-net and full-attention layers, averaged
+            linear = _input_bytes(key, dt, ("in_proj_qkvz", "in_proj_ba"), dt.residual) * hidden \
+                + _linear_attention(key, dt)
+            softmax = _input_bytes(key, dt, attn_roles, dt.residual) * hidden + _attention(key, dt)
+            total += round((spec.num_linear_layers * linear + spec.num_attention_layers * softmax) / spec.num_layers)
+            return total + _feed_forward(key, dt) + _adapter_bytes(key, dt)
+        total += _input_bytes(key, dt, attn_roles, dt.residual) * hidden
     total += _attention(key, dt) + _feed_forward(key, dt)
     if _dropout(spec, "resid"):
         total += hidden                                       # the MLP output's dropout mask
