@@ -566,6 +566,24 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
     return compute * (2 * q_dim + 2 * k_heads) + (mask + scores * spec.num_heads) * kv_tokens
 
 
+def inference_linear_attention_bytes_per_token(key: ActivationKey) -> float:
+    """Prefill (no autograd) transient of one Qwen3-Next gated delta-net layer per token: what
+    `torch_chunk_gated_delta_rule` holds in local variables while its chunk loop runs, fp32 per padded
+    token: q, k, k_beta, the decayed keys and k_cumdecay (key-wide), v, v_beta, the solved values and
+    the output (value-wide), the decay products, triangular system and intra-chunk attention (chunk
+    wide), beta, decay and its cumulative sum; with the layer's projections and conv output in the
+    compute dtype (in_proj_qkvz output, the conv input and output)."""
+    spec = key.model
+    if not spec.num_linear_layers:
+        return 0.0
+    seq = max(key.seq, 1)
+    padded = -(-seq // _DELTA_CHUNK) * _DELTA_CHUNK / seq
+    nv, dk, dv = spec.linear_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
+    fp32 = padded * 4 * nv * (5 * dk + 4 * dv + 3 * _DELTA_CHUNK + 3)
+    compute = dtypes(key).compute * (2 * spec.linear_key_dim + 2 * spec.linear_value_dim + 2 * spec.linear_conv_dim)
+    return fp32 + compute
+
+
 def inference_mlp_bytes_per_token(key: ActivationKey) -> int:
     """Prefill MLP transient per token: activation, up and product (gated); `gelu_new` keeps its
     input, 0.5 x and two intermediates (fp32 under autocast, after pow). MoE: the routed copies."""

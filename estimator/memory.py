@@ -422,6 +422,7 @@ def _inference_working_set(w: Workload, params: ParamCounts) -> float:
     key, spec = _activation_key(w), w.model
     act_bytes, tokens = act.dtypes(key).compute, w.batch * w.seq
     attention = act.inference_attention_bytes_per_token(key, w.seq) * tokens
+    attention = max(attention, act.inference_linear_attention_bytes_per_token(key) * tokens)   # Qwen3-Next
     mlp = act.inference_mlp_bytes_per_token(key) * tokens
     residual = act.inference_residual_bytes_per_token(key) * tokens
     casts = 2 * max(lin.d_in * lin.d_out for lin in params.linears) if w.amp else 0
