@@ -507,7 +507,26 @@ def _first_layer_discount(key: ActivationKey) -> int:
     mlp_frozen = not any(_trains(key, role) for role in ("up_proj", "down_proj"))
     if spec.parallel_block and spec.norms_per_layer == 1 and mlp_frozen:
         discount += mlp_bytes_per_token(key)
+    if spec.layer_types and spec.layer_types[0] == "linear":
+        discount += round(_first_linear_attention_discount(key))
     return discount
+
+
+def _first_linear_attention_discount(key: ActivationKey) -> float:
+    """A gated delta-net first layer under LoRA (frozen embedding, frozen in_proj_ba, A_log, dt_bias):
+    beta and the decay need no gradient, so two chunk x chunk fp32 tensors per head, one key-wide
+    one net, the softplus input and beta's sigmoid are not saved (autograd graph of the layer with an
+    adapter on in_proj_qkvz); with no adapter on in_proj_qkvz nor in_proj_ba nothing before out_proj
+    needs a gradient and the layer saves only out_proj's adapter input."""
+    spec, dt = key.model, dtypes(key)
+    if _trains(key, "in_proj_ba"):
+        return 0.0          # beta and the decay need a gradient through in_proj_ba's adapter
+    if not _trains(key, "in_proj_qkvz"):
+        return _linear_attention(key, dt) - _input_bytes(key, dt, ("out_proj",), dt.compute) * spec.linear_value_dim
+    seq = max(key.seq, 1)
+    padded = -(-seq // _DELTA_CHUNK) * _DELTA_CHUNK / seq
+    nv = spec.linear_value_heads
+    return padded * 4 * nv * (2 * _DELTA_CHUNK + spec.linear_key_head_dim) + 6 * nv
 
 
 def _logit_bytes(key: ActivationKey) -> int:
