@@ -60,7 +60,7 @@ _PER_HEAD_LAYERNORM = ("stablelm",)        # q/k LayerNorms, one nn.LayerNorm pe
 _FUSED_GATE_UP = ("phi3", "glm", "glm4")   # one gate_up_proj linear
 _DROPOUT = {"gpt2": ("attn", "resid", "embed"), "gpt_bigcode": ("attn", "resid", "embed"),
             "opt": ("resid", "embed"), "phi": ("resid",)}
-_FP32_NORM_WEIGHT = ("olmo2", "gpt_oss")   # RMSNorm: (weight * x) in fp32, then cast (as Gemma)
+_FP32_NORM_WEIGHT = ("olmo2", "gpt_oss", "qwen3_next")   # RMSNorm: (weight * x) in fp32, then cast (as Gemma; Qwen3-Next: x * (1 + weight))
 _INDEX_BYTES = 8                           # int64 routing indices
 # routers computing in fp32: F.linear(hidden.float(), weight.float()) (DeepseekV2/V3TopkRouter,
 # Glm4MoeTopkRouter, Ernie4_5_MoeTopKRouter, transformers 5.23); ERNIE keeps the weight in fp32
@@ -243,7 +243,11 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
     else:
         core = compute * (q_dim + 2 * kv_dim) + compute * q_dim + 4 * spec.num_heads   # q, k, v, output, lse
         copy = key.attn == "sdpa" and spec.model_type in _PARTIAL_ROTARY
-    total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
+    if spec.attn_output_gate:
+        # Qwen3-Next: the output (copied contiguous) times sigmoid(gate): both saved; o_proj reads the product
+        total = core + 2 * compute * q_dim + _input_bytes(key, dt, ("o_proj",), compute) * q_dim
+    else:
+        total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
     if spec.qkv_clip:
         # OlmoAttention clamps q, k and v in place (clamp_): autograd keeps a copy of each as it was
         total += dt.linear_out * (q_dim + 2 * kv_dim)
@@ -261,6 +265,38 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
         total += 4 * (q_dim + kv_dim) + 4 * heads + (normed * (q_dim + kv_dim) if key.method == "full" else 0)
     if _dropout(spec, "resid"):
         total += spec.hidden_size
+    return total
+
+
+_DELTA_CHUNK = 64   # torch_chunk_gated_delta_rule's chunk_size (transformers 5.23 Qwen3-Next)
+
+
+def _linear_attention(key: ActivationKey, dt: Dtypes) -> float:
+    """Saved per token by one Qwen3-Next gated delta-net layer besides its input (transformers 5.23
+    Qwen3NextGatedDeltaNet with the torch fallbacks `causal_conv1d_fn` and
+    `torch_chunk_gated_delta_rule`, which run wherever flash-linear-attention is not installed),
+    counted from the autograd graph of one layer (tensor by tensor; sequences padded to a multiple
+    of the 64-token chunk, `Tp`), with nv value heads of dk/dv dims:
+    - the depthwise conv: its input and its padded output (silu's input), compute dtype;
+    - fp32 per padded token: five chunk x chunk tensors per head (decay products, the triangular
+      system, the intra-chunk attention), six key-wide (k, k_beta, decayed keys, chunk views) and
+      three value-wide ones (v_beta, the solved values, the per-chunk corrections); four per-head
+      scalars (beta, decay, their cumulative forms);
+    - fp32 per token: q and k before their L2 norm, the gated RMSNorm's input, gate and silu (three
+      value-wide), five per-head scalars (softplus input, beta, ...); compute dtype: the norm's two
+      products (one only when its weight trains), beta's sigmoid; the recurrent state before each
+      chunk (fp32, heads x dk x dv per 64 tokens);
+    - out_proj's input when it trains (or its adapter's cast), the softplus output when A_log trains."""
+    spec, c = key.model, dt.compute
+    seq = max(key.seq, 1)
+    padded = -(-seq // _DELTA_CHUNK) * _DELTA_CHUNK / seq
+    nv, dk, dv = spec.linear_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
+    full = key.method == "full"
+    total = c * spec.linear_conv_dim * (1 + (seq + spec.linear_conv_kernel - 1) / seq)
+    total += padded * 4 * nv * (5 * _DELTA_CHUNK + 6 * dk + 3 * dv + 4)
+    total += 4 * nv * (2 * dk + 3 * dv + 5) + c * nv * (dv * (2 if full else 1) + 1) + (4 * nv if full else 0)
+    total += padded * 4 * nv * dk * dv / _DELTA_CHUNK
+    total += _input_bytes(key, dt, ("out_proj",), c) * spec.linear_value_dim
     return total
 
 
@@ -394,9 +430,15 @@ def layer_bytes_per_token(key: ActivationKey) -> int:
     if spec.parallel_block and spec.norms_per_layer == 1:     # one norm feeds attention and MLP
         total += _input_bytes(key, dt, attn_roles + mlp_roles, dt.residual) * hidden
     else:
-        total += _input_bytes(key, dt, attn_roles, dt.residual) * hidden
         total += _input_bytes(key, dt, mlp_roles if spec.mlp_gated or spec.is_moe else ("up_proj",),
                               dt.residual) * hidden
+        if spec.num_linear_layers:   # Qwen3-Next: gated delta-net and full-attention layers, averaged
+            linear = _input_bytes(key, dt, ("in_proj_qkvz", "in_proj_ba"), dt.residual) * hidden \
+                + _linear_attention(key, dt)
+            softmax = _input_bytes(key, dt, attn_roles, dt.residual) * hidden + _attention(key, dt)
+            total += round((spec.num_linear_layers * linear + spec.num_attention_layers * softmax) / spec.num_layers)
+            return total + _feed_forward(key, dt) + _adapter_bytes(key, dt)
+        total += _input_bytes(key, dt, attn_roles, dt.residual) * hidden
     total += _attention(key, dt) + _feed_forward(key, dt)
     if _dropout(spec, "resid"):
         total += hidden                                       # the MLP output's dropout mask
@@ -511,7 +553,26 @@ def _first_layer_discount(key: ActivationKey) -> int:
             dt = dtypes(key)
             _, out, _ = _activation_saves(spec, dt)
             discount -= _input_bytes(key, dt, ("down_proj",), dt.linear_out if spec.mlp_gated else out) * spec.intermediate_size
+    if spec.layer_types and spec.layer_types[0] == "linear":
+        discount += round(_first_linear_attention_discount(key))
     return discount
+
+
+def _first_linear_attention_discount(key: ActivationKey) -> float:
+    """A gated delta-net first layer under LoRA (frozen embedding, frozen in_proj_ba, A_log, dt_bias):
+    beta and the decay need no gradient, so two chunk x chunk fp32 tensors per head, one key-wide
+    one net, the softplus input and beta's sigmoid are not saved (autograd graph of the layer with an
+    adapter on in_proj_qkvz); with no adapter on in_proj_qkvz nor in_proj_ba nothing before out_proj
+    needs a gradient and the layer saves only out_proj's adapter input."""
+    spec, dt = key.model, dtypes(key)
+    if _trains(key, "in_proj_ba"):
+        return 0.0          # beta and the decay need a gradient through in_proj_ba's adapter
+    if not _trains(key, "in_proj_qkvz"):
+        return _linear_attention(key, dt) - _input_bytes(key, dt, ("out_proj",), dt.compute) * spec.linear_value_dim
+    seq = max(key.seq, 1)
+    padded = -(-seq // _DELTA_CHUNK) * _DELTA_CHUNK / seq
+    nv = spec.linear_value_heads
+    return padded * 4 * nv * (2 * _DELTA_CHUNK + spec.linear_key_head_dim) + 6 * nv
 
 
 def _logit_bytes(key: ActivationKey) -> int:
@@ -593,6 +654,24 @@ def inference_rotary_bytes_per_token(key: ActivationKey) -> int:
     q_dim, kv_dim = spec.q_dim, spec.kv_dim
     return (compute * (q_dim + 2 * kv_dim) + 4 * _FP32_ROTARY[spec.model_type] * q_dim + 8 * spec.head_dim
             + 2 * compute * spec.hidden_size)
+
+
+def inference_linear_attention_bytes_per_token(key: ActivationKey) -> float:
+    """Prefill (no autograd) transient of one Qwen3-Next gated delta-net layer per token: what
+    `torch_chunk_gated_delta_rule` holds in local variables while its chunk loop runs, fp32 per padded
+    token: q, k, k_beta, the decayed keys and k_cumdecay (key-wide), v, v_beta, the solved values and
+    the output (value-wide), the decay products, triangular system and intra-chunk attention (chunk
+    wide), beta, decay and its cumulative sum; with the layer's projections and conv output in the
+    compute dtype (in_proj_qkvz output, the conv input and output)."""
+    spec = key.model
+    if not spec.num_linear_layers:
+        return 0.0
+    seq = max(key.seq, 1)
+    padded = -(-seq // _DELTA_CHUNK) * _DELTA_CHUNK / seq
+    nv, dk, dv = spec.linear_value_heads, spec.linear_key_head_dim, spec.linear_value_head_dim
+    fp32 = padded * 4 * nv * (5 * dk + 4 * dv + 3 * _DELTA_CHUNK + 3)
+    compute = dtypes(key).compute * (2 * spec.linear_key_dim + 2 * spec.linear_value_dim + 2 * spec.linear_conv_dim)
+    return fp32 + compute
 
 
 def inference_mlp_bytes_per_token(key: ActivationKey) -> int:

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from estimator.errors import InputError
 from estimator.model import ModelSpec
-from estimator.params import ALL_LINEAR, _mla_linears
+from estimator.params import ALL_LINEAR, _linear_attention_linears, _mla_linears
 
 ALL_LINEAR_TEXT = "all-linear"
 _REGEX_CHARS = re.compile(r"[\\^$*+?()\[\]{}|]")
@@ -72,6 +72,9 @@ _LAYOUTS = {
 }
 _LAYOUTS["glm4"] = _LAYOUTS["glm"]
 _DEFAULT_LAYOUT = ("model.layers.{}.", _LLAMA_NAMES, "model.embed_tokens")
+# vision-language models: the language model under model.language_model (Qwen2.5-VL, Qwen3-VL)
+for _vl in ("qwen2_5_vl", "qwen3_vl"):
+    _LAYOUTS[_vl] = ("model.language_model.layers.{}.", _LLAMA_NAMES, "model.language_model.embed_tokens")
 
 
 class Site(NamedTuple):
@@ -86,7 +89,8 @@ class Site(NamedTuple):
 
 
 def _widths(spec: ModelSpec, roles: tuple[str, ...], width: int) -> tuple[int, int]:
-    out = {"q_proj": spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim, "o_proj": spec.hidden_size,
+    gated = 2 if spec.attn_output_gate else 1   # Qwen3-Next's q_proj also emits the output gate
+    out = {"q_proj": gated * spec.q_dim, "k_proj": spec.kv_dim, "v_proj": spec.kv_dim, "o_proj": spec.hidden_size,
            "gate_proj": width, "up_proj": width, "down_proj": spec.hidden_size}
     d_in = {"o_proj": spec.q_dim, "down_proj": width}.get(roles[0], spec.hidden_size)
     return d_in, sum(out[r] for r in roles)
@@ -109,8 +113,17 @@ _FEED_FORWARD = {"llama4_text": "feed_forward"}
 _LINEAR_ROUTER = ("llama4_text",)
 
 
+def _linear_attention_sites(spec: ModelSpec, prefix: str) -> list[Site]:
+    """Qwen3NextGatedDeltaNet's linears (`linear_attn.*`; its conv1d is an nn.Conv1d, not a target)."""
+    return [Site(f"{prefix}linear_attn.{lin.role}", lin.d_in, lin.d_out, (lin.role,), "linear")
+            for lin in _linear_attention_linears(spec)]
+
+
 def _layer_sites(spec: ModelSpec, prefix: str, names: dict, i: int) -> list[Site]:
     sites = _mla_sites(spec, prefix) if spec.is_mla else []
+    if spec.layer_types and spec.layer_types[i] == "linear":
+        sites = _linear_attention_sites(spec, prefix)
+        names = {k: v for k, v in names.items() if not k.startswith("self_attn.")}
     moe = spec.is_moe and spec.moe_layer_flags[i]
     ff = _FEED_FORWARD.get(spec.model_type, "mlp")
     names = {(ff + k[3:] if k.startswith("mlp.") else k): v for k, v in names.items()}
@@ -138,6 +151,10 @@ def sites(spec: ModelSpec) -> tuple[Site, ...]:
     out = []
     for i in range(spec.num_layers):
         out += _layer_sites(spec, prefix.format(i), names, i)
+    # a VL model's vision tower: peft matches its linears too (all-linear, a regex, a shared leaf name
+    # such as Qwen2.5-VL's gate_proj); role "vision" keeps them out of the decoder-layer formulas
+    for template, d_in, d_out, blocks in spec.vision_linears:
+        out += [Site(template.format(i), d_in, d_out, ("vision",), "linear") for i in range(blocks)]
     if spec.embed_dim != spec.hidden_size:   # OPT-350m's projections around the decoder
         out += [Site("model.decoder.project_in", spec.embed_dim, spec.hidden_size, ("project_in",), "linear"),
                 Site("model.decoder.project_out", spec.hidden_size, spec.embed_dim, ("project_out",), "linear")]
@@ -163,7 +180,7 @@ _MOE_MAPPING = {
 }
 # transformers 5.23 `conversion_mapping._MODEL_TO_CONVERSION_PATTERN` gives these the qwen2_moe pattern too (peft
 # reads that table); each is checked against peft in tests/test_lora_targets.py through its catalog entry
-for _model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+for _model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe", "qwen3_next"):
     _MOE_MAPPING[_model_type] = _MOE_MAPPING["qwen3_moe"]
 
 

@@ -243,7 +243,7 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     head = (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
     if w.quant != "none":
         return 2 * head
-    layers = 2 * sizes.linear_w * params.dense_fraction / (w.dp if w.zero == 3 else 1)
+    layers = 2 * (sizes.linear_w - sizes.expert_w) / (w.dp if w.zero == 3 else 1)
     cached = w.method == "full" and not saved    # the cache outlives checkpointed layers' forward
     if w.grad_ckpt and not cached:
         layers = 0.0
@@ -390,15 +390,19 @@ def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, t
 
     Sliding-window layers cache at most `sliding_window` tokens (transformers 5 DynamicCache).
     Tensor parallel splits kv heads; with more ranks than kv heads each rank keeps one whole head.
+    Linear-attention layers (Qwen3-Next) hold a conv and a recurrent state whatever `tokens` is
+    (`ModelSpec.linear_state_bytes`; not split by tensor parallel here).
     """
-    return batch * spec.attended_tokens(tokens) * spec.kv_cache_width(tp) * dtype_bytes
+    return (batch * spec.attended_tokens(tokens) * spec.kv_cache_width(tp) * dtype_bytes
+            + spec.linear_state_bytes(batch, dtype_bytes))
 
 
 def inference_kv_bytes(spec: ModelSpec, batch: int, prompt: int, new_tokens: int, dtype_bytes: int,
                        tp: int = 1) -> int:
     """The largest KV cache held during generate: after the prefill, a sliding layer still holds
     the whole prompt (its window is a view of the prefill tensor until the first decode step)."""
-    after_prefill = batch * spec.num_layers * prompt * spec.kv_cache_width(tp) * dtype_bytes
+    after_prefill = (batch * spec.num_attention_layers * prompt * spec.kv_cache_width(tp) * dtype_bytes
+                     + spec.linear_state_bytes(batch, dtype_bytes))
     return max(after_prefill, kv_cache_bytes(spec, batch, prompt + new_tokens, dtype_bytes, tp))
 
 
@@ -418,6 +422,7 @@ def _inference_working_set(w: Workload, params: ParamCounts) -> float:
     key, spec = _activation_key(w), w.model
     act_bytes, tokens = act.dtypes(key).compute, w.batch * w.seq
     attention = act.inference_attention_bytes_per_token(key, w.seq) * tokens
+    attention = max(attention, act.inference_linear_attention_bytes_per_token(key) * tokens)   # Qwen3-Next
     mlp = act.inference_mlp_bytes_per_token(key) * tokens
     residual = act.inference_residual_bytes_per_token(key) * tokens
     casts = 2 * max(lin.d_in * lin.d_out for lin in params.linears) if w.amp else 0

@@ -67,6 +67,19 @@ class ModelSpec:
     attention_sinks: bool = False  # one learned sink logit per head and layer (gpt-oss)
     router_bias: bool = False      # MoE router with a bias (gpt-oss) or a stored score bias (ERNIE-4.5)
     expert_bias: bool = False      # the fused experts carry biases (gpt-oss)
+    # Gated delta-net linear attention (Qwen3-Next): layers whose layer_types entry is "linear"
+    # hold a conv state and a recurrent state instead of a KV cache (constant in sequence length).
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    attn_output_gate: bool = False  # q_proj also emits a sigmoid gate on the attention output (Qwen3-Next)
+    # Vision-language models (Qwen2.5-VL, Qwen3-VL): the vision tower and its merger(s), counted
+    # whole (estimator.model._vision_params); the language model is the rest of the spec.
+    vision_params: int = 0
+    # its nn.Linear modules as (name with {} for the block index, d_in, d_out, blocks): LoRA sites
+    vision_linears: tuple[tuple[str, int, int, int], ...] = ()
     qkv_clip: bool = False         # q, k, v clamped in place (OLMo `clip_qkv`); kept last (fingerprint)
 
     def __hash__(self) -> int:
@@ -86,10 +99,13 @@ class ModelSpec:
     @cached_property
     def fingerprint(self) -> str:
         """8 hex digits of a hash of the architecture (stable across processes, name excluded)."""
-        fields = astuple(self)[1:]
-        if not self.qkv_clip:   # added later: specs without it keep the fingerprints stored ids carry
-            fields = fields[:-1]
-        return hashlib.sha1(repr(fields).encode()).hexdigest()[:8]
+        # fields added later count only where they differ from their default, so specs without
+        # them keep the fingerprints stored ids carry (qkv_clip as its bare value, as first stored)
+        base = tuple(getattr(self, f.name) for f in fields(self)[1:] if f.name not in _LATER_FIELDS)
+        later = tuple((name, getattr(self, name)) for name in _LATER_FIELDS[:-1]
+                      if getattr(self, name) != _FIELD_DEFAULTS[name])
+        values = base + later + ((True,) if self.qkv_clip else ())
+        return hashlib.sha1(repr(values).encode()).hexdigest()[:8]
 
     @property
     def norm_tensors(self) -> int:
@@ -139,9 +155,42 @@ class ModelSpec:
 
     @cached_property
     def window_layers(self) -> tuple[int, int]:
-        """(layers attending to every token, layers attending to a sliding window)."""
+        """(layers attending to every token, layers attending to a sliding window); linear-attention
+        layers (Qwen3-Next's gated delta-net) are neither."""
         sliding = sum(1 for t in self.layer_types if t == "sliding") if self.sliding_window else 0
-        return self.num_layers - sliding, sliding
+        return self.num_layers - sliding - self.num_linear_layers, sliding
+
+    @cached_property
+    def num_linear_layers(self) -> int:
+        """Layers with gated delta-net linear attention instead of softmax attention."""
+        return sum(1 for t in self.layer_types if t == "linear")
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with softmax attention (q/k/v/o projections and a KV cache)."""
+        return self.num_layers - self.num_linear_layers
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the depthwise causal conv over q, k and v (Qwen3NextGatedDeltaNet.conv_dim)."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    def linear_state_bytes(self, batch: int, dtype_bytes: int) -> int:
+        """What transformers 5.23's LinearAttentionLayer keeps per linear-attention layer, whatever
+        the sequence length: the conv state (batch, conv_dim, kernel) in the activations' dtype and
+        the recurrent state (batch, value heads, key head dim, value head dim) in fp32 (the
+        torch chunked/recurrent gated delta rule computes and returns it in float32)."""
+        per_layer = (self.linear_conv_dim * self.linear_conv_kernel * dtype_bytes
+                     + 4 * self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim)
+        return batch * self.num_linear_layers * per_layer
 
     def attended_tokens(self, tokens: int) -> int:
         """Sum over layers of the keys one query at position `tokens` attends (or caches)."""
@@ -155,6 +204,12 @@ class ModelSpec:
     @property
     def num_moe_layers(self) -> int:
         return sum(self.moe_layer_flags)
+
+
+# fields added after ids were first stored (estimator.model.ModelSpec.fingerprint): qkv_clip last
+_LATER_FIELDS = ("linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                 "linear_conv_kernel", "attn_output_gate", "vision_params", "vision_linears", "qkv_clip")
+_FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 
 
 def _get(cfg: dict, key: str, default=None):
@@ -627,8 +682,114 @@ def _from_cohere2(cfg: dict, name: str) -> ModelSpec:
         tied_embeddings=bool(_get(cfg, "tie_word_embeddings", True)))
 
 
+def _from_qwen3_next(cfg: dict, name: str) -> ModelSpec:
+    """Qwen3-Next (transformers 5.23 Qwen3NextConfig/Qwen3NextModel): `layer_types` (default every
+    `full_attention_interval`-th layer full, 4) mixes gated delta-net linear attention
+    (Qwen3NextGatedDeltaNet: in_proj_qkvz, in_proj_ba, a depthwise conv1d over q/k/v, dt_bias, A_log,
+    a gated RMSNorm over the value head dim, out_proj) with gated full attention (q_proj twice as
+    wide: queries and a sigmoid gate on the output; per-head q/k RMSNorm); MoE where
+    `num_experts` > 0 on layers (i + 1) % decoder_sparse_step == 0 not in `mlp_only_layers`, with a
+    shared expert and its sigmoid gate (nn.Linear(hidden, 1)); dense MLPs `intermediate_size` wide."""
+    layers = _require(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types")
+    if not types:
+        interval = _get(cfg, "full_attention_interval", 4)
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if len(types) != layers:
+        raise InputError(f"config layer_types has {len(types)} entries for {layers} layers")
+    unknown = sorted(set(types) - {"linear_attention", "full_attention"})
+    if unknown:
+        raise InputError(f"qwen3_next layer_types holds {unknown[0]!r} (expected linear_attention or full_attention)")
+    experts = _get(cfg, "num_experts", 512)
+    shared = _get(cfg, "shared_expert_intermediate_size", 512) if experts else 0
+    key_heads, value_heads = _get(cfg, "linear_num_key_heads", 16), _get(cfg, "linear_num_value_heads", 32)
+    if key_heads <= 0 or value_heads % key_heads:
+        raise InputError(f"malformed config: {value_heads} linear value heads do not divide into {key_heads} key heads")
+    return _llama_like(
+        cfg, name, qk_norm=True, num_kv_heads=_get(cfg, "num_key_value_heads", 2), head_dim=_get(cfg, "head_dim", 256),
+        intermediate_size=_get(cfg, "intermediate_size", 5632), attn_output_gate=True,
+        num_experts=experts, experts_per_token=_get(cfg, "num_experts_per_tok", 10) if experts else 0,
+        moe_intermediate_size=_get(cfg, "moe_intermediate_size", 512) if experts else 0,
+        shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
+        moe_layer_flags=_moe_flags(cfg, layers) if experts else (),
+        layer_types=tuple("linear" if t == "linear_attention" else "full" for t in types), sliding_window=None,
+        linear_key_heads=key_heads, linear_value_heads=value_heads,
+        linear_key_head_dim=_get(cfg, "linear_key_head_dim", 128),
+        linear_value_head_dim=_get(cfg, "linear_value_head_dim", 128),
+        linear_conv_kernel=_get(cfg, "linear_conv_kernel_dim", 4))
+
+
+def _vision_params(cfg: dict) -> int:
+    """Parameters of the vision tower (transformers 5.23), from `vision_config` with the vision config
+    class's defaults:
+    - Qwen2.5-VL (Qwen2_5_VisionTransformerPretrainedModel): Conv3d patch embedding without bias
+      (hidden x channels x temporal x patch x patch); per block two RMSNorms (hidden), qkv (hidden -> 3
+      hidden, bias), proj (bias), a gated MLP gate/up/down with biases (`intermediate_size`); the
+      merger: RMSNorm(hidden), Linear(4 hidden -> 4 hidden) and Linear(4 hidden -> out_hidden_size),
+      both with bias (4 = spatial_merge_size^2).
+    - Qwen3-VL (Qwen3VLVisionModel): Conv3d patch embedding with bias, a learned position table
+      (num_position_embeddings x hidden); per block two LayerNorms (weight + bias), qkv and proj with
+      bias, linear_fc1/linear_fc2 with bias; the merger (LayerNorm(hidden)) and one deepstack merger per
+      `deepstack_visual_indexes` entry (LayerNorm(4 hidden)), each Linear(4h -> 4h) + Linear(4h -> out)."""
+    mt = cfg["model_type"]
+    v = cfg.get("vision_config") or {}
+    qwen3 = mt == "qwen3_vl"
+    h = _get(v, "hidden_size", 1152 if qwen3 else 3584)
+    width = _get(v, "intermediate_size", 4304 if qwen3 else 3420)
+    depth = _get(v, "depth", 27 if qwen3 else 32)
+    channels = _get(v, "in_channels", 3)
+    patch = _get(v, "patch_size", 16 if qwen3 else 14)
+    temporal = _get(v, "temporal_patch_size", 2)
+    merged = h * _get(v, "spatial_merge_size", 2) ** 2
+    out = _get(v, "out_hidden_size", 3584)
+    linear = lambda d_in, d_out: d_in * d_out + d_out   # noqa: E731 (with bias)
+    attention = linear(h, 3 * h) + linear(h, h)
+    merger = linear(merged, merged) + linear(merged, out)
+    embed = h * channels * temporal * patch * patch
+    blocks = [("model.visual.blocks.{}.attn.qkv", h, 3 * h, depth), ("model.visual.blocks.{}.attn.proj", h, h, depth)]
+    if qwen3:
+        block = 2 * 2 * h + attention + linear(h, width) + linear(width, h)
+        deepstack = len(_get(v, "deepstack_visual_indexes", [8, 16, 24]))
+        linears = blocks + [("model.visual.blocks.{}.mlp.linear_fc1", h, width, depth),
+                            ("model.visual.blocks.{}.mlp.linear_fc2", width, h, depth),
+                            ("model.visual.merger.linear_fc1", merged, merged, 1),
+                            ("model.visual.merger.linear_fc2", merged, out, 1),
+                            ("model.visual.deepstack_merger_list.{}.linear_fc1", merged, merged, deepstack),
+                            ("model.visual.deepstack_merger_list.{}.linear_fc2", merged, out, deepstack)]
+        return (embed + h + _get(v, "num_position_embeddings", 2304) * h + depth * block
+                + 2 * h + merger + deepstack * (2 * merged + merger)), tuple(linears)
+    block = 2 * h + attention + 2 * linear(h, width) + linear(width, h)
+    linears = blocks + [("model.visual.blocks.{}.mlp.gate_proj", h, width, depth),
+                        ("model.visual.blocks.{}.mlp.up_proj", h, width, depth),
+                        ("model.visual.blocks.{}.mlp.down_proj", width, h, depth),
+                        ("model.visual.merger.mlp.0", merged, merged, 1), ("model.visual.merger.mlp.2", merged, out, 1)]
+    return embed + depth * block + h + merger, tuple(linears)
+
+
+def _from_qwen_vl(cfg: dict, name: str) -> ModelSpec:
+    """Qwen2.5-VL and Qwen3-VL (Qwen2_5_VL/Qwen3VLForConditionalGeneration): the language model is a
+    Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms) decoder read from `text_config` (Qwen2.5-VL's
+    published configs keep its keys at the top level), mRoPE (no parameters), lm_head tied by the
+    top-level `tie_word_embeddings`; plus the vision tower (`_vision_params`). Image tokens are part
+    of the language model's sequence (--seq counts them)."""
+    import dataclasses
+
+    mt = cfg["model_type"]
+    text = cfg.get("text_config")
+    text = dict(text) if isinstance(text, dict) else {k: v for k, v in cfg.items() if k != "vision_config"}
+    text["model_type"] = "qwen3" if mt == "qwen3_vl" else "qwen2"
+    if mt == "qwen3_vl":
+        text.setdefault("num_key_value_heads", 32)
+        text.setdefault("head_dim", 128)
+    spec = _from_llama_family(text, name)
+    tied = bool(_get(cfg, "tie_word_embeddings", False)) or bool(_get(text, "tie_word_embeddings", False))
+    vision, linears = _vision_params(cfg)
+    return dataclasses.replace(spec, model_type=mt, tied_embeddings=tied, vision_params=vision, vision_linears=linears)
+
+
 _NEWER = {
-    "llama4_text": _from_llama4_text,
+    "llama4_text": _from_llama4_text, "qwen3_next": _from_qwen3_next,
+    "qwen2_5_vl": _from_qwen_vl, "qwen3_vl": _from_qwen_vl,
     "deepseek_v2": _from_deepseek, "deepseek_v3": _from_deepseek,
     "gpt_oss": _from_gpt_oss, "olmo2": _from_olmo, "olmoe": _from_olmo,
     "granite": _from_granite, "granitemoe": _from_granite, "smollm3": _from_smollm3,

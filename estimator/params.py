@@ -20,6 +20,8 @@ ALL_LINEAR = ATTENTION_ROLES + MLP_ROLES
 # Multi-head latent attention (DeepSeek-V2/V3) by its own module names (q_proj when q_lora_rank is
 # null, o_proj as above).
 MLA_ROLES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+# Gated delta-net linear attention (Qwen3-Next's linear_attn), by its own module names.
+LINEAR_ATTENTION_ROLES = ("in_proj_qkvz", "in_proj_ba", "out_proj")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class ParamCounts:
     linears: tuple[Linear, ...]
     largest_layer: int    # largest single parameter tensor (ZeRO-3 gather, optimizer temporaries)
     active_expert_fraction: float  # experts_per_token / num_experts (1.0 for dense)
+    vision: int = 0       # vision tower and merger(s) of a vision-language model, counted whole
 
     @cached_property
     def linear_weights(self) -> int:
@@ -71,7 +74,7 @@ class ParamCounts:
     @cached_property
     def total(self) -> int:
         return (self.embedding + self.positions + self.lm_head + self.lm_head_bias + self.norms
-                + self.router + self.linear_weights + self.linear_biases)
+                + self.router + self.linear_weights + self.linear_biases + self.vision)
 
     @cached_property
     def dense_fraction(self) -> float:
@@ -82,7 +85,7 @@ class ParamCounts:
     def attention_weights(self) -> int:
         """Attention projection weights of the whole model (elements)."""
         return sum(lin.d_in * lin.d_out for lin in self.linears
-                   if lin.role in ATTENTION_ROLES or lin.role in MLA_ROLES)
+                   if lin.role in ATTENTION_ROLES or lin.role in MLA_ROLES or lin.role in LINEAR_ATTENTION_ROLES)
 
     @cached_property
     def active(self) -> int:
@@ -96,15 +99,28 @@ def _norm_params(spec: ModelSpec, width: int) -> int:
 
 
 def _attention_linears(spec: ModelSpec) -> list[Linear]:
-    h, n = spec.hidden_size, spec.num_layers
+    h, n = spec.hidden_size, spec.num_attention_layers
     if spec.is_mla:
         return _mla_linears(spec)
-    return [
-        Linear("q_proj", h, spec.q_dim, n, spec.qkv_bias),
+    gated = 2 if spec.attn_output_gate else 1   # Qwen3-Next: queries and the output gate from one q_proj
+    return _linear_attention_linears(spec) + [
+        Linear("q_proj", h, gated * spec.q_dim, n, spec.qkv_bias),
         Linear("k_proj", h, spec.kv_dim, n, spec.qkv_bias),
         Linear("v_proj", h, spec.kv_dim, n, spec.qkv_bias),
         Linear("o_proj", spec.q_dim, h, n, spec.o_bias),
     ]
+
+
+def _linear_attention_linears(spec: ModelSpec) -> list[Linear]:
+    """Qwen3NextGatedDeltaNet: in_proj_qkvz (q, k, v and the gate z), in_proj_ba (beta and the
+    decay's input, one each per value head), out_proj; no biases."""
+    n = spec.num_linear_layers
+    if not n:
+        return []
+    h, key_dim, value_dim = spec.hidden_size, spec.linear_key_dim, spec.linear_value_dim
+    return [Linear("in_proj_qkvz", h, 2 * key_dim + 2 * value_dim, n, False),
+            Linear("in_proj_ba", h, 2 * spec.linear_value_heads, n, False),
+            Linear("out_proj", value_dim, h, n, False)]
 
 
 def _mla_linears(spec: ModelSpec) -> list[Linear]:
@@ -152,16 +168,23 @@ def _feed_forward(spec: ModelSpec) -> tuple[list[Linear], int]:
 def _norms(spec: ModelSpec) -> int:
     h = spec.hidden_size
     per_layer = spec.norms_per_layer * _norm_params(spec, h)
+    per_attention_layer = 0
     if spec.qk_norm:
         if spec.qk_norm_full:   # weight only in every family that has them (OLMo-2, Cohere, StableLM per head)
-            per_layer += spec.q_dim + spec.kv_dim
+            per_attention_layer += spec.q_dim + spec.kv_dim
         else:
-            per_layer += _norm_params(spec, 2 * spec.head_dim)
+            per_attention_layer += _norm_params(spec, 2 * spec.head_dim)
     if spec.is_mla:  # q_a_layernorm (with q_lora_rank) and kv_a_layernorm
         per_layer += spec.q_lora_rank + spec.kv_lora_rank
     if spec.attention_sinks:  # not a norm: one sink logit per head (gpt-oss), kept with them
         per_layer += spec.num_heads
-    total = spec.num_layers * per_layer
+    # Not norms, kept with them (small, unquantized, no LoRA): the gated delta-net's depthwise
+    # conv1d weight (conv_dim x kernel, no bias), dt_bias and A_log (one per value head) and its
+    # gated RMSNorm over the value head dim.
+    per_linear_layer = (spec.linear_conv_dim * spec.linear_conv_kernel + 2 * spec.linear_value_heads
+                        + spec.linear_value_head_dim) if spec.num_linear_layers else 0
+    total = (spec.num_layers * per_layer + spec.num_attention_layers * per_attention_layer
+             + spec.num_linear_layers * per_linear_layer)
     total += _norm_params(spec, h) if spec.final_norm else 0
     total += _norm_params(spec, spec.embed_dim) if spec.embed_norm else 0
     return total
@@ -198,5 +221,5 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     return ParamCounts(
         embedding=embedding, positions=positions, lm_head=lm_head, lm_head_bias=lm_head_bias,
         norms=_norms(spec), router=router, linears=linears, largest_layer=largest,
-        active_expert_fraction=fraction,
+        active_expert_fraction=fraction, vision=spec.vision_params,
     )

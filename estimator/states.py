@@ -51,13 +51,14 @@ class StatesKey(NamedTuple):
     amp: bool
     fsdp: str
     regime: Regime      # the stack's resolved dtypes and sharding (estimator.regimes)
+    ep: int = 1         # expert parallel: the routed experts split over ep ranks
 
 
 def states_key(w: Workload) -> StatesKey:
     """The `StatesKey` of `w` (the one place a Workload becomes one)."""
     return StatesKey(w.model, w.method, w.precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
                      w.quant, w.double_quant, w.zero, w.offload, w.tp, w.pp, w.dp, w.training, w.amp,
-                     w.fsdp, regime(w))
+                     w.fsdp, regime(w), w.ep)
 
 
 @dataclass(frozen=True)
@@ -70,23 +71,39 @@ class Sizes:
     embed: float
     head: float      # untied lm_head weight and bias
     layers: int      # decoder layers on the busiest pipeline stage
+    expert_w: float = 0.0   # the routed experts' weights among `linear_w` (after expert parallel)
 
     @property
     def total(self) -> float:
         return self.linear_w + self.linear_b + self.other + self.embed + self.head
 
 
+def _layer_fraction(key: StatesKey | Workload) -> float:
+    """Share of the decoder layers' parameters on the busiest GPU (pipeline stages, tensor ranks)."""
+    layers = math.ceil(key.model.num_layers / key.pp)
+    return layers / key.model.num_layers / key.tp
+
+
 def local_sizes(key: StatesKey | Workload, params: ParamCounts) -> Sizes:
-    """Model elements on the busiest GPU: layers split over pipeline stages, all over tensor ranks."""
+    """Model elements on the busiest GPU: layers split over pipeline stages, all over tensor ranks;
+    with expert parallel (`ep` > 1) each rank holds num_experts / ep of every MoE layer's routed
+    experts (weights and biases), the rest (attention, shared experts, routers, norms, embeddings)
+    replicated: DeepSpeed-MoE / Megatron expert parallelism."""
     spec = key.model
     layers = math.ceil(spec.num_layers / key.pp)
-    fraction = layers / spec.num_layers / key.tp
+    fraction = _layer_fraction(key)
     embed = (params.embedding + params.positions) / key.tp
     head = (params.lm_head + params.lm_head_bias) / key.tp
     if key.pp > 1:  # embedding on the first stage, lm_head on the last: the busier one counts
         embed, head = (embed, 0.0) if embed >= head else (0.0, head)
-    return Sizes(params.linear_weights * fraction, params.linear_biases * fraction,
-                  (params.norms + params.router) * fraction, embed, head, layers)
+    ep = getattr(key, "ep", 1)
+    expert_w = params.expert_weights / ep
+    expert_b = sum(lin.bias_params for lin in params.linears if lin.expert)
+    linear_w = params.linear_weights - params.expert_weights + expert_w
+    linear_b = params.linear_biases - expert_b + expert_b / ep
+    return Sizes(linear_w * fraction, linear_b * fraction,
+                 (params.norms + params.router) * fraction + params.vision, embed, head, layers,
+                 expert_w * fraction)   # a VL model's vision tower: whole, on the first stage
 
 
 def lora_params(w: Workload | StatesKey, params: ParamCounts) -> int:
@@ -123,7 +140,7 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
     base = _base_dtype_bytes(key)
     if key.quant == "none":
         return sizes.total * base
-    fraction = sizes.linear_w / max(params.linear_weights, 1)
+    fraction = _layer_fraction(key)
     dense = [lin for lin in params.linears if not lin.expert]
     quantized = sum(lin.weight_params for lin in dense) * fraction
     rows = sum(lin.d_out * lin.count for lin in dense) * fraction

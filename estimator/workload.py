@@ -85,6 +85,10 @@ class Workload:
     offload: str = field(default="none", metadata=dict(help="ZeRO offload to the host", choices=OFFLOADS))
     tp: int = field(default=1, metadata=dict(help="tensor parallel degree", metavar="N"))
     pp: int = field(default=1, metadata=dict(help="pipeline parallel degree", metavar="N"))
+    ep: int = field(default=1, metadata=dict(
+        help="expert parallel degree (MoE): each GPU holds num_experts / N routed experts of every MoE layer "
+             "(their weights, gradients and optimizer states); N divides the experts and the GPUs",
+        metavar="N"))
     compiled: bool = field(default=False, metadata=dict(
         help="inference: static KV cache + torch.compile (gpt-fast/torchao style) instead of eager generate"))
     fsdp: str = field(default="none", metadata=dict(
@@ -175,7 +179,7 @@ def _check_choices(w: Workload) -> None:
 
 
 def _check_sizes(w: Workload) -> None:
-    for name in ("batch", "seq", "grad_accum", "lora_rank", "gpus", "nodes", "tp", "pp"):
+    for name in ("batch", "seq", "grad_accum", "lora_rank", "gpus", "nodes", "tp", "pp", "ep"):
         check_count(name, getattr(w, name))       # positive and within estimator/data/limits.csv
     check_count("new_tokens", w.new_tokens, low=0)
     if w.seq + w.new_tokens > limit("seq"):
@@ -243,6 +247,8 @@ def _check_parallel(w: Workload) -> None:
         raise InputError(f"tensor parallel {w.tp} must divide the {w.model.num_heads} attention heads")
     if w.pp > w.model.num_layers:
         raise InputError(f"pipeline parallel {w.pp} exceeds the {w.model.num_layers} layers")
+    if w.ep > 1:
+        _check_expert_parallel(w)
     if w.fsdp != "none":
         if w.zero:
             raise InputError("FSDP and DeepSpeed ZeRO are alternatives: give --fsdp or --zero, not both")
@@ -255,3 +261,21 @@ def _check_parallel(w: Workload) -> None:
         raise InputError("offload needs ZeRO or FSDP: optimizer offload with --zero 1, 2 or 3, or --fsdp with --offload")
     if w.offload == "optimizer+params" and w.zero != 3 and w.fsdp == "none":
         raise InputError("parameter offload needs ZeRO stage 3 (--zero 3)")
+
+
+def _check_expert_parallel(w: Workload) -> None:
+    """Expert parallel splits the routed experts of every MoE layer over `ep` data-parallel ranks
+    (DeepSpeed-MoE's ep_size, Megatron's expert-model-parallel-size): the model must be MoE, `ep`
+    must divide its experts and the GPUs (the data-parallel ones, after tensor and pipeline
+    parallel); ZeRO/FSDP sharding of the expert shards is not modelled."""
+    spec = w.model
+    if not spec.is_moe:
+        raise InputError(f"--ep {w.ep} splits MoE experts, but {spec.name} ({spec.model_type}) has none")
+    if spec.num_experts % w.ep:
+        raise InputError(f"--ep {w.ep} must divide the {spec.num_experts} experts of {spec.name}")
+    if w.world_size % w.ep or w.dp % w.ep:
+        raise InputError(f"--ep {w.ep} must divide the {w.world_size} GPUs"
+                         + (f" ({w.dp} data-parallel after tp x pp)" if w.dp != w.world_size else ""))
+    if w.zero or w.fsdp != "none":
+        raise InputError("--ep is modelled without ZeRO or FSDP (their sharding of the expert shards is not): "
+                         "give --zero 0 and --fsdp none")

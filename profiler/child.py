@@ -299,8 +299,8 @@ def check_world(w: Workload, world_size: int) -> None:
     if w.world_size != world_size:
         raise ValueError(f"the case needs {w.world_size} processes (gpus x nodes) but runs in "
                          f"{world_size}: launch it with torchrun/deepspeed --nproc_per_node {w.world_size}")
-    if w.tp > 1 or w.pp > 1:
-        raise ValueError("tensor and pipeline parallel are not profiled (tp = pp = 1 only)")
+    if w.tp > 1 or w.pp > 1 or w.ep > 1:
+        raise ValueError("tensor, pipeline and expert parallel are not profiled (tp = pp = ep = 1 only)")
 
 
 def _vocab_size(model) -> int:

@@ -81,6 +81,47 @@ TINY.update({
 })
 
 TINY.update({
+    # Qwen3-Next: linear (gated delta-net) layers, every 4th full with a gated q_proj; MoE with a shared
+    # expert (and its sigmoid gate) on all but mlp_only_layers; value heads twice the key heads
+    "qwen3_next": dict(model_type="qwen3_next", vocab_size=211, hidden_size=64, intermediate_size=96,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                       linear_num_key_heads=2, linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[1],
+                       max_position_embeddings=128),
+})
+
+# Vision-language models (built with AutoModelForImageTextToText, not AutoModelForCausalLM: kept apart
+# from TINY; tests/test_vision_language.py)
+VL = {
+    # vision-language: a Qwen2 decoder (config keys at the top level, as Qwen2.5-VL publishes them) and a
+    # Qwen3 decoder under text_config, each with a tiny vision tower (Qwen3-VL: two deepstack mergers)
+    "qwen2_5_vl": dict(model_type="qwen2_5_vl", vocab_size=211, hidden_size=64, intermediate_size=96,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                       rope_scaling={"type": "default", "mrope_section": [2, 3, 3]},
+                       vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                                          fullatt_block_indexes=[1])),
+    "qwen3_vl": dict(model_type="qwen3_vl",
+                     text_config=dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=128,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                       "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+                     vision_config=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                                        num_position_embeddings=16, deepstack_visual_indexes=[0, 2])),
+}
+
+# Qwen3-Next traced against the estimator (tests/test_architectures_vs_trace.py): 3 gated delta-net layers
+# (torch fallback kernels on CPU) and one gated full-attention layer, MoE with a shared expert
+TRACED_LINEAR_ATTENTION = {
+    "qwen3_next": dict(model_type="qwen3_next", vocab_size=2048, hidden_size=256, intermediate_size=384,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                       linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                       linear_num_key_heads=4, linear_num_value_heads=8, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=128, shared_expert_intermediate_size=128, max_position_embeddings=512),
+}
+
+TINY.update({
     # OLMo-1: LayerNorms without parameters, q/k/v/o biases when attention_bias
     "olmo": dict(model_type="olmo", intermediate_size=96, num_hidden_layers=2, pad_token_id=0, eos_token_id=1,
                  **_ATTN),

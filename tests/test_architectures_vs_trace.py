@@ -78,3 +78,32 @@ def test_the_clip_flag_leaves_stored_fingerprints_alone():
     assert load_spec("meta-llama/Llama-2-7b-hf").fingerprint == "e5159878"
     clipped, plain = (spec_from_config(TRACED[n], n) for n in ("olmo-clip", "olmo"))
     assert clipped.qkv_clip and not plain.qkv_clip and clipped.fingerprint != plain.fingerprint
+
+
+# Qwen3-Next: the tracer runs the gated delta-net's torch fallback (torch_chunk_gated_delta_rule,
+# causal_conv1d's reference path) on CPU, as transformers does wherever flash-linear-attention is not
+# installed; the estimator counts what those layers save (estimator.activations._linear_attention).
+def _qwen3_next(method):
+    from tests.arch_configs import TRACED_LINEAR_ATTENTION
+
+    cfg = TRACED_LINEAR_ATTENTION["qwen3_next"]
+    settings = dict(method=method, batch=2, seq=256, lora_targets=("q_proj", "v_proj", "in_proj_qkvz", "out_proj"))
+    if method == "inference":
+        settings["new_tokens"] = 4
+    w = Workload(spec_from_config(cfg, "qwen3_next"), **settings).validate()
+    return w, trace(w, copy.deepcopy(cfg), layers=cfg["num_hidden_layers"])
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_qwen3_next_training_peak_matches_trace(method):
+    w, traced = _qwen3_next(method)
+    peak = estimate_memory(w, 0.0, 0).peak_allocated_bytes
+    assert abs(peak / traced.peak_allocated_bytes - 1) <= TOLERANCE, (peak, traced.peak_allocated_bytes)
+    saved = saved_activation_bytes(w)
+    assert abs(saved / traced.saved_activations_bytes - 1) <= TOLERANCE, (saved, traced.saved_activations_bytes)
+
+
+def test_qwen3_next_inference_peak_matches_trace():
+    w, traced = _qwen3_next("inference")
+    peak = estimate_memory(w, 0.0, 0).peak_allocated_bytes
+    assert abs(peak / traced.peak_allocated_bytes - 1) <= TOLERANCE, (peak, traced.peak_allocated_bytes)

@@ -36,7 +36,7 @@ CHOICES = {
     "batch": (1, 2, 8), "seq": (64, 512, 4096), "new_tokens": (0, 16, 256), "grad_accum": (1, 4),
     "lora_rank": (8, 16, 256), "lora_targets": (("q_proj", "v_proj"), ALL_LINEAR, ("o_proj", "down_proj")),
     "grad_ckpt": (False, True), "attn": ATTENTIONS, "quant": QUANTS, "double_quant": (True, False),
-    "gpus": (1, 2, 8), "nodes": (1, 2), "zero": ZERO_STAGES, "offload": OFFLOADS, "tp": (1, 2), "pp": (1, 2),
+    "gpus": (1, 2, 8), "nodes": (1, 2), "zero": ZERO_STAGES, "offload": OFFLOADS, "tp": (1, 2), "pp": (1, 2), "ep": (1, 2),
     "fsdp": FSDP_MODES, "kbit_prep": KBIT_PREPS, "liger": (False, True), "activation_offload": (False, True),
     "compiled": (False, True), "loss": LOSSES,
 }
@@ -67,8 +67,10 @@ def grid(bases: int = 60, seed: int = 17) -> list[Workload]:
     assert set(choices) == {f.name for f in fields(Workload)}, "the grid must vary every Workload field"
     found: dict[str, Workload] = {}
     made = 0
+    # one fixed expert-parallel base (MoE, 2 GPUs, no ZeRO/FSDP): random bases rarely admit --ep 2
+    fixed = [Workload(model=specs[MODELS.index("qwen1.5-moe-a2.7b")], gpus=2, ep=2)]
     while made < bases:
-        base = Workload(**{name: rng.choice(values) for name, values in choices.items()})
+        base = fixed.pop() if fixed else Workload(**{name: rng.choice(values) for name, values in choices.items()})
         if not _valid(base):
             continue
         made += 1

@@ -138,12 +138,14 @@ def test_layer_kinds_and_window_match_transformers_cache(hub_id):
     # DynamicCache(config=...) picks its layer classes from get_layer_types_and_kwargs(config):
     # a "sliding_attention" layer becomes a DynamicSlidingWindowLayer with that window.
     cfg = AutoConfig.for_model(**_raw(hub_id))
-    types, kwargs = get_layer_types_and_kwargs(cfg)
+    # a vision-language model's cache is its language model's (generate passes the text config)
+    types, kwargs = get_layer_types_and_kwargs(cfg.get_text_config())
     spec = load_spec(hub_id)
     # a chunked layer (Llama-4) is cached as a sliding window of the chunk size (cache_utils)
-    assert spec.layer_types == tuple("sliding" if t in ("sliding_attention", "chunked_attention") else "full"
-                                     for t in types)
-    assert set(types) <= {"sliding_attention", "full_attention", "chunked_attention"}
+    # a linear-attention layer (Qwen3-Next) keeps conv and recurrent states (LinearAttentionLayer)
+    assert spec.layer_types == tuple("sliding" if t in ("sliding_attention", "chunked_attention")
+                                     else "linear" if t == "linear_attention" else "full" for t in types)
+    assert set(types) <= {"sliding_attention", "full_attention", "chunked_attention", "linear_attention"}
     windows = {k["sliding_window"] for k in kwargs if "sliding_window" in k}
     assert windows == ({spec.sliding_window} if spec.sliding_window else set())
 
@@ -282,8 +284,9 @@ def test_layer_kinds_of_newer_families_match_transformers_cache(name):
     types, kwargs = get_layer_types_and_kwargs(cfg)
     spec = spec_from_config(TINY[name])
     # a chunked layer (Llama-4) is cached as a sliding window of the chunk size (cache_utils)
-    assert spec.layer_types == tuple("sliding" if t in ("sliding_attention", "chunked_attention") else "full"
-                                     for t in types)
+    # a linear-attention layer (Qwen3-Next) keeps conv and recurrent states (LinearAttentionLayer)
+    assert spec.layer_types == tuple("sliding" if t in ("sliding_attention", "chunked_attention")
+                                     else "linear" if t == "linear_attention" else "full" for t in types)
     windows = {k["sliding_window"] for k in kwargs if "sliding_window" in k}
     assert windows == ({spec.sliding_window} if spec.sliding_window else set())
 
@@ -322,3 +325,70 @@ def test_real_cache_newer_families(name):
     w = Workload(model=spec, method="inference", precision="bf16", batch=BATCH, seq=PROMPT, new_tokens=1,
                  attn=attn).validate()
     assert estimate_memory(w, 0.0, 0).kv_cache_bytes == max(pre_storage, dec_storage)
+
+
+def _linear_state_bytes(cache) -> tuple[int, int, list]:
+    """(conv + recurrent state bytes, key/value bytes, (shape, dtype) of each state) of a cache."""
+    states, kv, seen = 0, 0, []
+    for layer in cache.layers:
+        for group in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {})):
+            for t in group.values():
+                if t is not None:
+                    states += t.untyped_storage().nbytes()
+                    seen.append((tuple(t.shape), t.dtype))
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            kv += layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes()
+    return states, kv, seen
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_real_cache_qwen3_next_linear_states_constant_in_length(dtype):
+    # transformers 5.23 Qwen3-Next: the linear-attention layers' LinearAttentionLayer keeps a conv state
+    # (batch, 2 x key dim + value dim, kernel) in the activations' dtype and a recurrent state (batch,
+    # value heads, key head dim, value head dim) in fp32 (torch_chunk_gated_delta_rule computes in fp32);
+    # the full-attention layers a DynamicLayer of keys and values. Generate on CPU and measure.
+    raw = TINY["qwen3_next"]
+    cfg = AutoConfig.for_model(**raw)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, PROMPT))
+    nbytes = torch.finfo(dtype).bits // 8
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                             return_dict_in_generate=True, pad_token_id=0)
+    states, kv, seen = _linear_state_bytes(out.past_key_values)
+    # hand-worked from the raw config: 3 linear layers (interval 4), conv_dim = 2 x 2 x 8 + 4 x 12 = 80
+    conv = BATCH * (2 * 2 * 8 + 4 * 12) * 4 * nbytes
+    recurrent = BATCH * 4 * 8 * 12 * 4
+    assert seen.count(((BATCH, 80, 4), dtype)) == 3 and seen.count(((BATCH, 4, 8, 12), torch.float32)) == 3
+    assert states == 3 * (conv + recurrent)
+    # the one full layer: keys and values of the prompt and the generated tokens but the last
+    assert kv == 2 * BATCH * (PROMPT + 2) * 2 * 16 * nbytes
+    spec = spec_from_config(raw)
+    assert spec.linear_state_bytes(BATCH, nbytes) == states
+    assert kv_cache_bytes(spec, BATCH, PROMPT + 2, nbytes) == states + kv
+    # the states do not grow with the sequence: 10x the tokens adds only the full layer's keys/values
+    assert kv_cache_bytes(spec, BATCH, 10 * PROMPT, nbytes) - kv_cache_bytes(spec, BATCH, PROMPT, nbytes) \
+        == 2 * BATCH * 9 * PROMPT * 2 * 16 * nbytes
+    if dtype != torch.bfloat16:
+        return    # fp32 MoE experts are refused by the Workload (grouped_mm takes bf16 on GPUs)
+    (pre_storage, _, kind, kinds), (dec_storage, _) = _run_linear(cfg, dtype)
+    assert kinds.count("LinearAttentionLayer") == 3
+    w = Workload(model=spec, method="inference", precision="bf16", batch=BATCH, seq=PROMPT, new_tokens=1).validate()
+    assert estimate_memory(w, 0.0, 0).kv_cache_bytes == max(pre_storage, dec_storage)
+
+
+def _run_linear(cfg, dtype):
+    """`_run` for a cache with linear-attention layers: bytes of states and keys/values after the prefill
+    and after one decode step."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
+    ids = torch.randint(0, cfg.vocab_size, (BATCH, PROMPT))
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        cache = out.past_key_values
+        states, kv, _ = _linear_state_bytes(cache)
+        prefill = (states + kv, None, type(cache).__name__, [type(layer).__name__ for layer in cache.layers])
+        out = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+        states, kv, _ = _linear_state_bytes(out.past_key_values)
+    return prefill, (states + kv, None)

@@ -17,7 +17,7 @@ from functools import lru_cache
 import pytest
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from estimator.configs import CATALOG_DIR
 from estimator.errors import InputError
@@ -43,6 +43,8 @@ def _families() -> dict[str, dict]:
 
 def _two_layers(cfg: dict) -> dict:
     cfg = dict(cfg)
+    if isinstance(cfg.get("text_config"), dict):       # a VL model's language model (Qwen3-VL)
+        cfg["text_config"] = _two_layers(cfg["text_config"])
     for key in ("num_hidden_layers", "n_layer", "num_layers"):
         if key in cfg:
             cfg[key] = 2
@@ -52,6 +54,8 @@ def _two_layers(cfg: dict) -> dict:
         cfg["no_rope_layers"] = [1, 0]          # one chunked, one NoPE layer (Llama-4)
     if "moe_layers" in cfg:
         cfg["moe_layers"] = [1]                 # one dense and one MoE layer (Llama-4)
+    if "full_attention_interval" in cfg:
+        cfg["full_attention_interval"] = 2      # one linear-attention and one full-attention layer (Qwen3-Next)
     if "mlp_only_layers" in cfg:
         cfg["mlp_only_layers"] = [1]        # one dense and one MoE layer (Qwen-MoE)
     return cfg
@@ -68,7 +72,9 @@ def _peft_trainable(cfg: dict, targets) -> int:
 
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+        # vision-language models (language model + vision tower) build through their own auto class
+        auto = AutoModelForImageTextToText if "vision_config" in cfg else AutoModelForCausalLM
+        model = auto.from_config(AutoConfig.for_model(**cfg))
         model.tie_weights()
         model = get_peft_model(model, LoraConfig(r=RANK, target_modules=targets))
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -87,7 +93,8 @@ def _ours(model_type: str, targets: tuple) -> int:
 
 def _native_names(model_type: str) -> list[str]:
     """The family's own leaf names of its decoder-layer linear modules (from our table)."""
-    return sorted({s.name.rpartition(".")[2] for s in sites(_spec(model_type)) if s.kind == "linear"})
+    return sorted({s.name.rpartition(".")[2] for s in sites(_spec(model_type))
+                   if s.kind == "linear" and s.roles != ("vision",)})   # a VL tower's linears are not decoder modules
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))

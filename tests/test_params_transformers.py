@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from estimator.configs import CATALOG_DIR, load_spec
 from estimator.model import spec_from_config
@@ -60,8 +60,10 @@ def _raw_config(hub_id: str) -> dict:
 
 def _build_meta(cfg_dict: dict):
     cfg = AutoConfig.for_model(**copy.deepcopy(cfg_dict))
+    # vision-language models (language model + vision tower) build through their own auto class
+    auto = AutoModelForImageTextToText if "vision_config" in cfg_dict else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
+        model = auto.from_config(cfg)
     model.tie_weights()
     return model
 

@@ -34,9 +34,13 @@ INFERENCE = {"method": "inference", "new_tokens": 7, "batch": 2, "seq": 64, "com
 STACK = {"method": "qlora", "quant": "nf4", "fsdp": "hybrid", "gpus": 2, "nodes": 2, "kbit_prep": "on",
          "liger": True, "activation_offload": True}
 
+# expert parallel needs a MoE model (Qwen1.5-MoE: 60 experts)
+EXPERT = {"ep": 2, "gpus": 2}
+MOE = str(ROOT / "estimator" / "catalog" / "Qwen--Qwen1.5-MoE-A2.7B.json")
+
 
 def test_every_field_case_covers_every_workload_column():
-    assert set(EVERY_FIELD) | set(INFERENCE) | set(STACK) == set(WORKLOAD_COLUMNS)
+    assert set(EVERY_FIELD) | set(INFERENCE) | set(STACK) | set(EXPERT) == set(WORKLOAD_COLUMNS)
 
 
 # ---- lora_targets ------------------------------------------------------------------------------
@@ -165,9 +169,9 @@ def test_parse_value_refuses_text_of_another_type(name, text):
 
 # ---- row -> Workload -> row --------------------------------------------------------------------
 
-@pytest.mark.parametrize("settings", [EVERY_FIELD, INFERENCE, STACK], ids=["training", "inference", "stack"])
+@pytest.mark.parametrize("settings", [EVERY_FIELD, INFERENCE, STACK, EXPERT], ids=["training", "inference", "stack", "ep"])
 def test_row_workload_row_round_trip_keeps_every_workload_column(settings):
-    case = Case(TINY, settings, warmup=1, steps=4)
+    case = Case(MOE if settings is EXPERT else TINY, settings, warmup=1, steps=4)
     row = new_row(case, "cuda", status="ok", message="")
     as_csv = {k: "" if v is None else str(v) for k, v in row.items()}
     for source in (row, as_csv):
