@@ -55,7 +55,7 @@ class StatesKey(NamedTuple):
 
 def states_key(w: Workload) -> StatesKey:
     """The `StatesKey` of `w` (the one place a Workload becomes one)."""
-    return StatesKey(w.model, w.method, w.precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
+    return StatesKey(w.model, w.method, w.base_precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
                      w.quant, w.double_quant, w.zero, w.offload, w.tp, w.pp, w.dp, w.training, w.amp,
                      w.fsdp, regime(w))
 
