@@ -166,11 +166,11 @@ def _attention_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, tr
 
 
 def fp8_cast_bytes(w: Workload, tokens: float) -> float:
-    """Bytes the eager fp8 casts of one training micro-batch move (torchao float8: amax, scale,
-    clamp, cast; estimator.fp8.CAST_TRAFFIC_BYTES per element cast)."""
+    """Bytes the fp8 casts of one training micro-batch move (torchao float8: amax, scale, clamp,
+    cast; estimator.fp8.cast_bytes per element cast, eager or fused by torch.compile)."""
     if not (w.fp8 and w.training):
         return 0.0
-    return fp8.CAST_TRAFFIC_BYTES * fp8.cast_elements(w.model, tokens, w.grad_ckpt)
+    return fp8.cast_bytes(w.compiled)[1] * fp8.cast_elements(w.model, tokens, w.grad_ckpt)
 
 
 def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bool) -> float:

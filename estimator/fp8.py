@@ -44,6 +44,12 @@ from estimator.params import Linear, ParamCounts, count_params
 
 CAST_PEAK_BYTES = 9       # fp32 scaled + fp32 clamped + fp8 result, per element, during one eager cast
 CAST_TRAFFIC_BYTES = 33   # bytes moved per element by one eager cast of a bf16 tensor (module docstring)
+# torch.compile (`--compiled`; torchao's recipes are "built natively on top of torch.compile", docs/source/
+# eager_tutorials/pretraining.rst line 127): Inductor fuses scale, clamp and cast into one kernel that
+# writes only the fp8 result (1 B per element) after the amax reduction: 2 B read for amax, 2 B read
+# and 1 B written by the cast
+CAST_PEAK_BYTES_COMPILED = 1
+CAST_TRAFFIC_BYTES_COMPILED = 5
 FP8_ALIGN = 16            # torch._scaled_mm: both dims multiples of 16 (torchao/accelerate filters)
 _CONV1D = ("gpt2",)       # transformers' Conv1D, not nn.Linear: convert_to_float8_training skips it
 
@@ -66,21 +72,29 @@ def converted_weights(spec: ModelSpec, params: ParamCounts | None = None) -> int
     return sum(lin.weight_params for lin in converted_linears(spec, params))
 
 
-def linear_workspace_bytes(m: float, k: int, n: int) -> float:
+def cast_bytes(compiled: bool) -> tuple[int, int]:
+    """(bytes per element alive during one cast, bytes moved per element cast), eager or compiled."""
+    if compiled:
+        return CAST_PEAK_BYTES_COMPILED, CAST_TRAFFIC_BYTES_COMPILED
+    return CAST_PEAK_BYTES, CAST_TRAFFIC_BYTES
+
+
+def linear_workspace_bytes(m: float, k: int, n: int, c: int = CAST_PEAK_BYTES) -> float:
     """Bytes beyond the bf16 matmul alive at the worst moment of one Float8Linear (M tokens, K in,
     N out), forward or backward (float8_linear.py `matmul_with_hp_or_float8_args`):
     forward: casting the input (9MK), then the weight beside the fp8 input (MK + 9KN);
     backward: grad_output dim0 (9MN); the weight beside it (MN + 9KN); grad_output dim1 beside both
-    (MN + KN + 9MN); the input beside all three (2MN + KN + 9MK)."""
-    c = CAST_PEAK_BYTES
+    (MN + KN + 9MN); the input beside all three (2MN + KN + 9MK). `c`: bytes per element alive
+    during a cast (9 eager; 1 compiled, the same lifetimes kept: an upper bound)."""
     forward = max(c * m * k, m * k + c * k * n)
     backward = max(c * m * n, m * n + c * k * n, m * n + k * n + c * m * n, 2 * m * n + k * n + c * m * k)
     return max(forward, backward)
 
 
-def workspace_bytes(spec: ModelSpec, tokens: float) -> float:
+def workspace_bytes(spec: ModelSpec, tokens: float, compiled: bool = False) -> float:
     """The largest `linear_workspace_bytes` over the converted linears for `tokens` rows."""
-    return max((linear_workspace_bytes(tokens, lin.d_in, lin.d_out) for lin in converted_linears(spec)),
+    c = cast_bytes(compiled)[0]
+    return max((linear_workspace_bytes(tokens, lin.d_in, lin.d_out, c) for lin in converted_linears(spec)),
                default=0.0)
 
 
@@ -125,7 +139,8 @@ def gpu_refusal(gpu) -> str:
 def notes(w) -> tuple[str, ...]:
     """The regime lines fp8 adds."""
     n = len(converted_linears(w.model))
-    lines = [f"fp8 (torchao float8 training, tensorwise dynamic scaling, eager): {n} linear shapes of the decoder "
+    mode = "torch.compile fusing the casts" if w.compiled else "eager casts; --compiled for torch.compile"
+    lines = [f"fp8 (torchao float8 training, tensorwise dynamic scaling, {mode}): {n} linear shapes of the decoder "
              "layers run fp8 GEMMs; lm_head, attention, norms and experts stay bf16; weights, gradients and "
              "optimizer states are the bf16 stack's and Float8Linear saves its bf16 input for backward"]
     if w.fsdp != "none":

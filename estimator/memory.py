@@ -326,7 +326,7 @@ def fp8_workspace(w: Workload) -> float:
     Reported as `quant_workspace_bytes` when that moment sets the forward/backward peak."""
     if not (w.fp8 and w.training):
         return 0.0
-    return fp8.workspace_bytes(w.model, w.batch * w.seq)
+    return fp8.workspace_bytes(w.model, w.batch * w.seq, w.compiled)
 
 
 def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
@@ -475,7 +475,9 @@ def components(w: Workload) -> Components:
     per_token = _per_token(_activation_key(w))
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
     acts, casts = forward_backward.activations, forward_backward.casts
-    quant_workspace += forward_backward.fp8_casts     # fp8 and bitsandbytes never go together
+    # fp8 and bitsandbytes never go together; the casts' moment has freed the lm_head input and final
+    # norm, so the components add up to that moment: the casts less what was freed, at most
+    quant_workspace += min(forward_backward.fp8_casts, max(0.0, forward_backward.total - acts - casts))
     logits = max(0.0, forward_backward.total - acts - casts - quant_workspace)
     accumulated = states.gradients + _fsdp_unsharded_grads(w, trained) if w.grad_accum > 1 else 0.0
     fwd_bwd = acts + logits + casts + quant_workspace + accumulated

@@ -83,7 +83,8 @@ class Workload:
     tp: int = field(default=1, metadata=dict(help="tensor parallel degree", metavar="N"))
     pp: int = field(default=1, metadata=dict(help="pipeline parallel degree", metavar="N"))
     compiled: bool = field(default=False, metadata=dict(
-        help="inference: static KV cache + torch.compile (gpt-fast/torchao style) instead of eager generate"))
+        help="inference: static KV cache + torch.compile (gpt-fast/torchao style) instead of eager generate; "
+             "fp8 training: torch.compile fuses torchao's fp8 casts (the rest of the step as eager)"))
     fsdp: str = field(default="none", metadata=dict(
         help="FSDP2 (accelerate fully_shard): full shard, shard-grad-op (no reshard after forward) or hybrid "
              "(shard within a node, replicate across nodes); --offload moves the shards to the host",
@@ -229,8 +230,9 @@ def _check_method(w: Workload) -> None:
                          "or --method lora --quant int8")
     if w.method != "inference" and w.new_tokens:
         raise InputError("--new-tokens applies to inference only")
-    if w.method != "inference" and w.compiled:
-        raise InputError("--compiled applies to inference only (compiled decode with a static cache)")
+    if w.method != "inference" and w.compiled and not w.fp8:
+        raise InputError("--compiled applies to inference only (compiled decode with a static cache), and to "
+                         "--precision fp8 training (torch.compile fusing torchao's fp8 casts)")
     if w.attn == "flash" and w.compute_dtype == "fp32":
         raise InputError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
     if w.quant != "none" and w.compute_dtype == "fp32" and w.method == "inference":
