@@ -232,3 +232,14 @@ def test_tracer_refuses_fp8_cleanly():
 
     with pytest.raises(NotImplementedError, match="not traced"):
         check_traceable(_w("fp8"))
+
+
+def test_accelerate_config_fp8_with_torchao_is_precision_fp8():
+    """accelerate's `mixed_precision: fp8` with backend AO (or none given: accelerate picks torchao
+    first) is --precision fp8; Transformer Engine is said to be unmodelled."""
+    from estimator.sources import accelerate
+
+    assert accelerate.read({"mixed_precision": "fp8"}).fields["precision"] == "fp8"
+    assert accelerate.read({"mixed_precision": "fp8", "fp8_config": {"backend": "AO"}}).fields["precision"] == "fp8"
+    te = accelerate.read({"mixed_precision": "fp8", "fp8_config": {"backend": "TE"}})
+    assert "precision" not in te.fields and any("backend TE" in line for line in te.unmodelled)
