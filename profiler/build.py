@@ -83,7 +83,8 @@ def check_packages(w: Workload) -> None:
     settings that need it (e.g. "bitsandbytes is not installed (needed for quant nf4)"). A
     flash_attn that is installed but does not import (a wheel built for another torch or CUDA:
     "undefined symbol") counts as missing: the configuration cannot run here, it did not fail."""
-    unbuilt = [f"{flag} {value}" for flag, value in (("fsdp", w.fsdp), ("activation_offload", w.activation_offload))
+    unbuilt = [f"{flag} {value}" for flag, value in (("fsdp", w.fsdp), ("activation_offload", w.activation_offload),
+                                                     ("compiled", w.compiled and w.training))
                if value not in ("none", False)]
     if unbuilt:   # never measured as something else: a skipped row says why
         raise MissingPackage(f"the profiler does not build {', '.join(unbuilt)} yet (estimator only)")

@@ -243,3 +243,12 @@ def test_accelerate_config_fp8_with_torchao_is_precision_fp8():
     assert accelerate.read({"mixed_precision": "fp8", "fp8_config": {"backend": "AO"}}).fields["precision"] == "fp8"
     te = accelerate.read({"mixed_precision": "fp8", "fp8_config": {"backend": "TE"}})
     assert "precision" not in te.fields and any("backend TE" in line for line in te.unmodelled)
+
+
+def test_profiler_skips_compiled_fp8_training_it_does_not_build():
+    """The profiler never calls torch.compile: a compiled fp8 training row is skipped, not measured eager."""
+    pytest.importorskip("torch")
+    from profiler import build
+
+    with pytest.raises(build.MissingPackage, match="does not build compiled"):
+        build.check_packages(_w("fp8", compiled=True))
