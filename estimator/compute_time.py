@@ -170,7 +170,10 @@ def fp8_cast_bytes(w: Workload, tokens: float) -> float:
     cast; estimator.fp8.cast_bytes per element cast, eager or fused by torch.compile)."""
     if not (w.fp8 and w.training):
         return 0.0
-    return fp8.cast_bytes(w.compiled)[1] * fp8.cast_elements(w.model, tokens, w.grad_ckpt)
+    weight_casts = None
+    if w.fsdp != "none":   # float8 all-gather: each rank casts its shard once per gather
+        weight_casts = (1.0 if w.fsdp == "grad-op" else 2.0) / regime(w).fsdp_shard
+    return fp8.cast_bytes(w.compiled)[1] * fp8.cast_elements(w.model, tokens, w.grad_ckpt, weight_casts)
 
 
 def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bool) -> float:

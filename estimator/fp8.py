@@ -31,9 +31,12 @@ float8_training_tensor.py, float8_utils.py) and huggingface/accelerate 16cb6eb8
 - Default recipe: tensorwise (`Float8LinearConfig()`), e4m3 input and weight, e5m2 grad_output.
   The rowwise recipes cast the same tensors (axiswise scales); rowwise_with_gw_hp keeps the
   grad_weight GEMM in high precision: not modelled separately.
-- FSDP2: accelerate's AORecipeKwargs turns on `enable_fsdp_float8_all_gather` (the weight all-gathered
-  in fp8): the gathered compute copies and their traffic would halve for converted linears; not
-  modelled (counted as bf16: an upper bound).
+- FSDP2: accelerate's AORecipeKwargs turns on `enable_fsdp_float8_all_gather` (fsdp_utils.py
+  `WeightWithDynamicFloat8CastTensor`: `fsdp_pre_all_gather` casts the local shard to fp8, the
+  all-gather moves fp8 and the unsharded weight is a Float8TrainingTensor, so
+  `matmul_with_hp_or_float8_args` casts no weight). Modelled under `--fsdp`: the converted linears'
+  gathered copies and all-gather traffic at 1 B per element, no weight cast in the workspace, one
+  shard cast per gather.
 - Transformer Engine (delayed scaling with an amax history per tensor, te.Linear) is not modelled.
 """
 
@@ -79,32 +82,40 @@ def cast_bytes(compiled: bool) -> tuple[int, int]:
     return CAST_PEAK_BYTES, CAST_TRAFFIC_BYTES
 
 
-def linear_workspace_bytes(m: float, k: int, n: int, c: int = CAST_PEAK_BYTES) -> float:
+def linear_workspace_bytes(m: float, k: int, n: int, c: int = CAST_PEAK_BYTES, weight_cast: bool = True) -> float:
     """Bytes beyond the bf16 matmul alive at the worst moment of one Float8Linear (M tokens, K in,
     N out), forward or backward (float8_linear.py `matmul_with_hp_or_float8_args`):
     forward: casting the input (9MK), then the weight beside the fp8 input (MK + 9KN);
     backward: grad_output dim0 (9MN); the weight beside it (MN + 9KN); grad_output dim1 beside both
     (MN + KN + 9MN); the input beside all three (2MN + KN + 9MK). `c`: bytes per element alive
-    during a cast (9 eager; 1 compiled, the same lifetimes kept: an upper bound)."""
+    during a cast (9 eager; 1 compiled, the same lifetimes kept: an upper bound). `weight_cast`
+    False: the weight arrives in fp8 (FSDP2's float8 all-gather; the gathered copy is FSDP's
+    buffer), so neither matmul casts it: forward 9MK; backward 9MN, 10MN, 2MN + 9MK."""
+    if not weight_cast:
+        return max(c * m * k, m * n + c * m * n, 2 * m * n + c * m * k)
     forward = max(c * m * k, m * k + c * k * n)
     backward = max(c * m * n, m * n + c * k * n, m * n + k * n + c * m * n, 2 * m * n + k * n + c * m * k)
     return max(forward, backward)
 
 
-def workspace_bytes(spec: ModelSpec, tokens: float, compiled: bool = False) -> float:
+def workspace_bytes(spec: ModelSpec, tokens: float, compiled: bool = False, weight_cast: bool = True) -> float:
     """The largest `linear_workspace_bytes` over the converted linears for `tokens` rows."""
     c = cast_bytes(compiled)[0]
-    return max((linear_workspace_bytes(tokens, lin.d_in, lin.d_out, c) for lin in converted_linears(spec)),
-               default=0.0)
+    return max((linear_workspace_bytes(tokens, lin.d_in, lin.d_out, c, weight_cast)
+                for lin in converted_linears(spec)), default=0.0)
 
 
-def cast_elements(spec: ModelSpec, tokens: float, recompute: bool) -> float:
+def cast_elements(spec: ModelSpec, tokens: float, recompute: bool, weight_casts: float | None = None) -> float:
     """Elements cast to fp8 in one micro-batch over all converted linears: forward input and weight,
-    backward grad_output twice, weight and input once each; a recomputed forward casts again."""
+    backward grad_output twice, weight and input once each; a recomputed forward casts again.
+    `weight_casts`: how many whole weights are cast per micro-batch when not 2 (+1 recomputed):
+    FSDP2's float8 all-gather casts each rank's shard once per gather (gathers / shard group)."""
+    if weight_casts is None:
+        weight_casts = 3.0 if recompute else 2.0
     total = 0.0
     for lin in converted_linears(spec):
         mk, kn, mn = tokens * lin.d_in, lin.d_in * lin.d_out, tokens * lin.d_out
-        per = (mk + kn) * (2.0 if recompute else 1.0) + 2 * mn + kn + mk
+        per = mk * (3.0 if recompute else 2.0) + 2 * mn + kn * weight_casts
         total += per * lin.count
     return total
 
@@ -144,6 +155,6 @@ def notes(w) -> tuple[str, ...]:
              "layers run fp8 GEMMs; lm_head, attention, norms and experts stay bf16; weights, gradients and "
              "optimizer states are the bf16 stack's and Float8Linear saves its bf16 input for backward"]
     if w.fsdp != "none":
-        lines.append("fp8 with FSDP2: the fp8 all-gather (accelerate's default enable_fsdp_float8_all_gather) "
-                     "is not modelled: gathered weights and their traffic counted in bf16 (an upper bound)")
+        lines.append("fp8 with FSDP2: converted weights all-gathered in fp8 (accelerate's default "
+                     "enable_fsdp_float8_all_gather): half the gathered copies and traffic, no weight cast per matmul")
     return tuple(lines)

@@ -326,7 +326,7 @@ def fp8_workspace(w: Workload) -> float:
     Reported as `quant_workspace_bytes` when that moment sets the forward/backward peak."""
     if not (w.fp8 and w.training):
         return 0.0
-    return fp8.workspace_bytes(w.model, w.batch * w.seq, w.compiled)
+    return fp8.workspace_bytes(w.model, w.batch * w.seq, w.compiled, weight_cast=w.fsdp == "none")
 
 
 def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:

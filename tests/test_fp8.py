@@ -95,15 +95,36 @@ def test_forward_backward_working_set_grows_by_the_hand_counted_casts():
 
 
 def test_peak_grows_by_the_hand_counted_casts_when_the_forward_backward_sets_it():
-    """FSDP full shard over 64 GPUs, T = 128: the sharded states leave the forward/backward as the peak.
-    bf16's working set peaks at the loss backward (12 V T of fp32 loss gradients); fp8's at the
-    casts (T I + 9 H I) less the final norm and lm_head input (no lm_head gradient outside FSDP's buffers)."""
-    a = estimate(_w("bf16", seq=128, fsdp="full", gpus=8, nodes=8), "h100-80gb", "none").memory
-    b = estimate(_w("fp8", seq=128, fsdp="full", gpus=8, nodes=8), "h100-80gb", "none").memory
+    """ZeRO-3 over 64 GPUs, T = 128: the partitioned states leave the forward/backward as the peak.
+    bf16's working set peaks at the lm_head backward (2 V T logits gradient + 2 V H weight gradient);
+    fp8's at the casts (gate/up weight cast beside the fp8 grad_output: T I + 9 H I) less the final
+    norm and lm_head input, with the same lm_head gradient."""
+    a = estimate(_w("bf16", seq=128, zero=3, gpus=8, nodes=8), "h100-80gb", "none").memory
+    b = estimate(_w("fp8", seq=128, zero=3, gpus=8, nodes=8), "h100-80gb", "none").memory
     assert a.peak_phase == b.peak_phase == "forward/backward"
-    expected = (128 * I + 9 * H * I) - (8 * H + 4) * 128 - 12 * V * 128
-    assert expected == 329_121_280
+    expected = (128 * I + 9 * H * I) - (8 * H + 4) * 128 - 2 * V * 128
+    assert expected == 493_288_960
     assert b.peak_allocated_bytes - a.peak_allocated_bytes == expected
+
+
+def test_fsdp_gathers_converted_weights_in_fp8():
+    """FSDP2 full shard over 64 GPUs, T = 128 (accelerate turns on torchao's float8 all-gather):
+    the current and the prefetched layer's gathered linears hold 1 B per element instead of 2:
+    2 x 218,103,808 B less; no weight is cast per matmul, so the casts (gate/up backward, grad_output
+    cast beside its first cast: 10 T I = 18,350,080) stay under the loss backward (12 V T) and the
+    peak falls by exactly the buffers' difference. The all-gather moves the converted weights
+    (6,979,321,856 elements) at 1 B."""
+    from estimator.memory import fp8_workspace
+    from estimator.timing import _gathered_bytes
+
+    kw = dict(seq=128, fsdp="full", gpus=8, nodes=8)
+    a = estimate(_w("bf16", **kw), "h100-80gb", "none").memory
+    b = estimate(_w("fp8", **kw), "h100-80gb", "none").memory
+    assert a.peak_phase == b.peak_phase == "forward/backward"
+    assert a.zero_buffers_bytes - b.zero_buffers_bytes == 2 * 218_103_808
+    assert a.peak_allocated_bytes - b.peak_allocated_bytes == 2 * 218_103_808
+    assert fp8_workspace(_w("fp8", **kw)) == 10 * 128 * I == 18_350_080
+    assert _gathered_bytes(_w("bf16", **kw)) - _gathered_bytes(_w("fp8", **kw)) == 6_979_321_856
 
 
 # ---------------------------------------------------------------- time
@@ -252,3 +273,16 @@ def test_profiler_skips_compiled_fp8_training_it_does_not_build():
 
     with pytest.raises(build.MissingPackage, match="does not build compiled"):
         build.check_packages(_w("fp8", compiled=True))
+
+
+def test_fsdp_casts_each_weight_shard_once_per_gather():
+    """FSDP full shard over 64 GPUs: the activations' casts as on one GPU (2 T (sum K + sum N) per
+    layer) and each rank's weight shard cast twice per micro-batch (forward and backward gathers):
+    2 x 218,103,808 / 64 per layer. T = 512: 32 x (83,886,080 + 6,815,744) = 2,902,458,368 elements."""
+    gpu, T = tables.gpu("h100-80gb"), 512
+    kw = dict(seq=T, fsdp="full", gpus=8, nodes=8)
+    elements = L * (2 * T * (38_912 + 43_008) + 2 * 218_103_808 // 64)
+    assert elements == 2_902_458_368
+    extra = (compute_parts(_w("fp8", **kw), gpu, 0.4).elementwise_s
+             - compute_parts(_w("bf16", **kw), gpu, 0.4).elementwise_s)
+    assert extra == pytest.approx(33 * elements / (H100_BW * ELEMENTWISE_FRACTION), rel=1e-9)
