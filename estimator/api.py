@@ -9,6 +9,8 @@ from estimator import tables
 from estimator.bounds import safe_bound
 from estimator.bounds import verdict as verdict_of
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
+from estimator.errors import InputError
+from estimator.fp8 import gpu_refusal
 from estimator.memory import Components, MemoryBreakdown, components
 from estimator.states import lora_params
 from estimator.params import count_params
@@ -178,6 +180,8 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
     values are NONE's: the same lookups with an empty table."""
     w.validate()
     gpu = tables.gpu(gpu_slug)
+    if w.fp8 and gpu_refusal(gpu):
+        raise InputError(gpu_refusal(gpu))
     cal = resolve(calibration, gpu.slug)
     p = count_params(w.model)
     parts = components(w)

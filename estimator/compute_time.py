@@ -10,6 +10,8 @@ them. Each part is a roofline term: FLOPs over achieved peak, or bytes over achi
 - attention: causal kernels (SDPA, FlashAttention) skip the masked half of the score FLOPs and run at
   their own published fraction of peak; eager attention multiplies the full score matrix and streams
   it (b x heads x s x s elements) through scale, mask, fp32 softmax and cast.
+- fp8 (`--precision fp8`, torchao float8 training): the converted decoder linears' GEMMs at the
+  GPU's dense fp8 peak (operands 1 byte), the rest at bf16; their eager casts are elementwise bytes.
 - elementwise: norms, rotary, activation, residual adds and the fp32 loss, bytes over bandwidth
   (tensor contractions are 99.8 % of BERT's FLOPs but 61 % of its PyTorch runtime; normalisation and
   elementwise ops take the rest: Ivanov et al., "Data Movement Is All You Need", MLSys 2021, Table 2).
@@ -29,7 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from estimator import tables
+from estimator import fp8, tables
 from estimator.defaults import time_constant
 from estimator.flops import attention_flops_per_token, matmul_params
 from estimator.lora_targets import adapter_shapes
@@ -128,7 +130,14 @@ def _gemm_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, trainin
     d = spec.hidden_size
     head_tokens = tokens if training else w.batch       # generate takes logits of the last position
     expert_tokens = tokens * spec.experts_per_token / spec.num_experts if spec.num_experts else 0.0
-    work = (2.0 * dense * tokens * slow(tokens, d, d)
+    fp8_work = 0.0
+    if w.fp8:   # torchao Float8Linear: the converted linears' three GEMMs at the fp8 peak (estimator.fp8)
+        converted = fp8.converted_weights(spec, p)
+        dense -= converted
+        peak8 = gpu.peak_flops("fp8")
+        slow8 = 1.0 if "gemm_size" in off else gemm_slowdown(tokens, d, d, 1, peak8, hfu, bw)
+        fp8_work = 2.0 * converted * tokens * slow8 * peak / peak8   # in bf16-peak FLOPs (hfu_terms)
+    work = (2.0 * dense * tokens * slow(tokens, d, d) + fp8_work
             + 2.0 * active_experts * tokens * slow(expert_tokens, d, spec.moe_intermediate_size or d))
     head_work = 2.0 * head * head_tokens * slow(head_tokens, spec.embed_dim, spec.vocab_size)
     if training:
@@ -156,12 +165,23 @@ def _attention_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, tr
     return (fwd * passes / (peak * hfu) + scores * (9 * a + 8) * passes / bandwidth(gpu)) / (w.tp * w.pp)
 
 
+def fp8_cast_bytes(w: Workload, tokens: float) -> float:
+    """Bytes the fp8 casts of one training micro-batch move (torchao float8: amax, scale, clamp,
+    cast; estimator.fp8.cast_bytes per element cast, eager or fused by torch.compile)."""
+    if not (w.fp8 and w.training):
+        return 0.0
+    weight_casts = None
+    if w.fsdp != "none":   # float8 all-gather: each rank casts its shard once per gather
+        weight_casts = (1.0 if w.fsdp == "grad-op" else 2.0) / regime(w).fsdp_shard
+    return fp8.cast_bytes(w.compiled)[1] * fp8.cast_elements(w.model, tokens, w.grad_ckpt, weight_casts)
+
+
 def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bool) -> float:
     spec, a, liger = w.model, w.activation_dtype_bytes, regime(w).liger
     layer = layer_elementwise_bytes(spec, a, liger) * spec.num_layers * tokens
     if not training:
         return layer / bandwidth(gpu) / (w.tp * w.pp)
-    total = layer * _passes(w)[0] + loss_bytes_per_token(spec, a, liger) * tokens
+    total = layer * _passes(w)[0] + loss_bytes_per_token(spec, a, liger) * tokens + fp8_cast_bytes(w, tokens)
     return total / bandwidth(gpu) / (w.tp * w.pp)
 
 

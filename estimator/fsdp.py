@@ -127,7 +127,7 @@ def _layer_tensors(tensors: list[Tensor]) -> list[Tensor]:
 
 def fsdp_states(spec: ModelSpec, params: ParamCounts, *, full: bool, quant: str, double_quant: bool,
                 adapters: list[Tensor], world: int, tp: int, frozen_bytes: int, trainable_bytes: int,
-                compute_bytes: int, reshard_after_forward: bool) -> FsdpStates:
+                compute_bytes: int, reshard_after_forward: bool, fp8_gather: bool = False) -> FsdpStates:
     """Sharded states on rank 0 and the peak of FSDP's gathered/reduce-scatter buffers (bytes per GPU).
 
     `full`: every parameter trains; otherwise the base is frozen (`frozen_bytes` per element,
@@ -146,22 +146,30 @@ def fsdp_states(spec: ModelSpec, params: ParamCounts, *, full: bool, quant: str,
                 weights += frozen_bytes * t.shard(world)
         trainable = sum(t.shard(world) for t in adapters)
     weights += trainable * trainable_bytes
-    buffers = _buffers(spec, params, tensors, adapters, full, four_bit, compute_bytes, reshard_after_forward)
+    buffers = _buffers(spec, params, tensors, adapters, full, four_bit, compute_bytes, reshard_after_forward,
+                       fp8_gather)
     return FsdpStates((weights + replicated) / tp, trainable / tp, trainable * trainable_bytes / tp,
                       buffers / tp, 0.0)
 
 
 def _buffers(spec: ModelSpec, params: ParamCounts, tensors: list[Tensor], adapters: list[Tensor], full: bool,
-             four_bit: bool, cb: int, reshard_after_forward: bool) -> float:
+             four_bit: bool, cb: int, reshard_after_forward: bool, fp8_gather: bool = False) -> float:
     """The largest of FSDP's transient device buffers (bytes): all-gathered compute copies (the
     current and the prefetched layer; every layer with shard-grad-op), the tail group (final norm
     and lm_head, not resharded after the forward), and in the backward the unsharded gradients
-    of a group with its reduce-scatter input and the previous group's (reduce dtype = `cb`)."""
+    of a group with its reduce-scatter input and the previous group's (reduce dtype = `cb`).
+    `fp8_gather`: torchao's float8 all-gather (`WeightWithDynamicFloat8CastTensor`, accelerate's
+    default under FSDP2) gathers the converted linears' weights in fp8, 1 B per element."""
     layers = spec.num_layers
     gathered = 0.0
     for t in _layer_tensors(tensors) + adapters:
         elements = t.rows * t.width * t.count
-        gathered += elements / 2 if (four_bit and t.kind == "linear") else elements * cb
+        if four_bit and t.kind == "linear":
+            gathered += elements / 2
+        elif fp8_gather and t.kind == "linear" and t.rows % 16 == 0 and t.width % 16 == 0:
+            gathered += elements
+        else:
+            gathered += elements * cb
     layer = gathered / layers
     layer_trainable = (sum(t.rows * t.width * t.count for t in (_layer_tensors(tensors) if full else adapters))
                        * cb / layers)

@@ -5,6 +5,7 @@ dropped before the backward, gradients set to None after each optimizer step). `
 computes the named parts (`Components`) and `assemble` alone turns them into the peaks:
 `peak_allocated_bytes` = persistent states + the larger of two working sets (`working_sets`):
 - forward/backward = activations + logits_and_loss + autocast_weight_cache + quant_workspace
+  (bitsandbytes' dequantized weight, or torchao float8's casts of one linear: `fp8_workspace`)
   (+ gradients already accumulated when grad_accum > 1). It is the largest of the moments that
   bound the forward and backward (`_forward_backward`): the loss in the forward, the loss in the
   backward (12 B x vocab per token of fp32 gradients), the lm_head's backward (full fine-tune),
@@ -38,6 +39,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from estimator import activations as act
+from estimator import fp8
 from estimator.activations import ActivationKey, activation_key
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
@@ -258,6 +260,7 @@ class _ForwardBackward:
     casts: float          # autocast weight casts alive at the peak
     total: float          # the whole working set at the peak (gradients accumulated excluded)
     offloaded: float = 0.0  # saved activations moved to host memory (--activation-offload)
+    fp8_casts: float = 0.0  # torchao float8 casts alive at the peak (`fp8_workspace`, or 0)
 
 
 def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes,
@@ -271,10 +274,13 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
     acts = on_device * per_layer + per_token.outside * tokens
     if not w.grad_ckpt:    # per-layer tensors of any token count (an fp32 router's weight cast)
         acts += on_device * act.layer_fixed_bytes(_activation_key(w))
-    total, casts = max(_moments(w, per_token, params, sizes, trained, acts))
+    moments = _moments(w, per_token, params, sizes, trained, acts)
+    total, casts = max(moments)
+    # fp8: its casts are part of the working set only when their moment (the last) sets the peak
+    fp8_alive = fp8_workspace(w) if (w.fp8 and w.training and moments[-1][0] >= total) else 0.0
     if w.grad_ckpt:
         acts += per_token.layer * tokens           # the layer the backward recomputes
-    return _ForwardBackward(acts, casts, total, (sizes.layers - on_device) * per_layer)
+    return _ForwardBackward(acts, casts, total, (sizes.layers - on_device) * per_layer, fp8_alive)
 
 
 def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes, trained: Training,
@@ -306,7 +312,21 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     else:
         top = below - per_token.layer * tokens + per_token.top * tokens
     moments.append((top + casts_bwd + head_grad, casts_bwd))
+    if w.fp8 and w.training:
+        # a converted linear's backward in the first layer the backward reaches: every layer's saved
+        # tensors (that layer's recomputed with checkpointing) and its fp8 casts (estimator.fp8)
+        in_layer = below + (per_token.layer * tokens if w.grad_ckpt else 0.0)
+        moments.append((in_layer + casts_bwd + head_grad + fp8_workspace(w), casts_bwd))
     return moments
+
+
+def fp8_workspace(w: Workload) -> float:
+    """torchao float8 training: the eager fp8 casts alive in the worst moment of one converted
+    linear of one micro-batch, beyond the bf16 matmul (bytes; estimator.fp8.linear_workspace_bytes).
+    Reported as `quant_workspace_bytes` when that moment sets the forward/backward peak."""
+    if not (w.fp8 and w.training):
+        return 0.0
+    return fp8.workspace_bytes(w.model, w.batch * w.seq, w.compiled, weight_cast=w.fsdp == "none")
 
 
 def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
@@ -464,6 +484,9 @@ def components(w: Workload) -> Components:
     per_token = _per_token(_activation_key(w))
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
     acts, casts = forward_backward.activations, forward_backward.casts
+    # fp8 and bitsandbytes never go together; the casts' moment has freed the lm_head input and final
+    # norm, so the components add up to that moment: the casts less what was freed, at most
+    quant_workspace += min(forward_backward.fp8_casts, max(0.0, forward_backward.total - acts - casts))
     logits = max(0.0, forward_backward.total - acts - casts - quant_workspace)
     accumulated = states.gradients + _fsdp_unsharded_grads(w, trained) if w.grad_accum > 1 else 0.0
     fwd_bwd = acts + logits + casts + quant_workspace + accumulated

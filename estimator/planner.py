@@ -86,7 +86,7 @@ def _levers(w: Workload) -> list[tuple[str, dict]]:
         out.append(("--method lora", dict(method="lora")))
     if w.method in ("full", "lora") and w.quant == "none":
         out.append(("--method qlora", dict(method="qlora", quant="nf4",
-                                           precision="bf16" if w.precision.startswith("amp") else w.precision)))
+                                           precision="bf16" if w.precision.startswith("amp") else w.base_precision)))
     if w.training and w.fsdp == "none" and w.zero < 3 and w.world_size == 1:
         out.append((f"--zero 3 --gpus {GPUS_PER_NODE}", dict(zero=3, gpus=GPUS_PER_NODE)))
     if w.training and w.fsdp == "none" and w.offload == "none":

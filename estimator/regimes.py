@@ -24,7 +24,7 @@ What each library does, read in its code (docs/design.md section 8):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from estimator.workload import Workload
@@ -59,8 +59,12 @@ def regime(w: Workload) -> Regime:
     cached = w.__dict__.get("_regime")
     if cached is not None:
         return cached
-    cached = _regime(w.method, w.precision, w.quant, w.zero, w.fsdp, w.kbit_prep, w.offload,
+    cached = _regime(w.method, w.base_precision, w.quant, w.zero, w.fsdp, w.kbit_prep, w.offload,
                    w.gpus, w.nodes, w.tp, w.pp, w.liger, w.model.model_type, w.grad_accum > 1)
+    if w.fp8:   # torchao float8: the bf16 stack's regime, plus what fp8 changes (estimator.fp8)
+        from estimator.fp8 import notes
+
+        cached = replace(cached, notes=cached.notes + notes(w))
     object.__setattr__(w, "_regime", cached)
     return cached
 

@@ -52,13 +52,14 @@ class StatesKey(NamedTuple):
     fsdp: str
     regime: Regime      # the stack's resolved dtypes and sharding (estimator.regimes)
     ep: int = 1         # expert parallel: the routed experts split over ep ranks
+    fp8_gather: bool = False   # torchao float8 under FSDP2: converted linears all-gathered in fp8 (estimator.fp8)
 
 
 def states_key(w: Workload) -> StatesKey:
     """The `StatesKey` of `w` (the one place a Workload becomes one)."""
-    return StatesKey(w.model, w.method, w.precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
+    return StatesKey(w.model, w.method, w.base_precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
                      w.quant, w.double_quant, w.zero, w.offload, w.tp, w.pp, w.dp, w.training, w.amp,
-                     w.fsdp, regime(w), w.ep)
+                     w.fsdp, regime(w), w.ep, w.fp8 and w.fsdp != "none")
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,7 @@ def _fsdp_model_states(key: StatesKey, params: ParamCounts, sizes: Sizes, traine
     shards = fsdp.fsdp_states(key.model, params, full=key.method == "full", quant=key.quant,
                               double_quant=key.double_quant, adapters=adapters, world=world, tp=key.tp,
                               frozen_bytes=frozen, trainable_bytes=trained.param_bytes, compute_bytes=compute,
-                              reshard_after_forward=key.fsdp != "grad-op")
+                              reshard_after_forward=key.fsdp != "grad-op", fp8_gather=key.fp8_gather)
     local = Training(shards.trainable, trained.param_bytes, trained.state_bytes, False)
     spread = world * key.tp
     if key.optimizer == "adafactor":

@@ -22,7 +22,7 @@ from estimator.units import TFLOPS
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 GPU_COLUMNS = ("slug", "name", "memory_bytes", "bf16_dense_tflops", "fp16_dense_tflops",
-               "tf32_dense_tflops", "fp32_tflops", "int8_dense_tops",
+               "tf32_dense_tflops", "fp32_tflops", "int8_dense_tops", "fp8_dense_tflops",
                "memory_bandwidth_bytes_per_s", "intra_node_interconnect", "source", "date")
 INTERCONNECT_COLUMNS = ("name", "bandwidth_bytes_per_s", "latency_s", "scope", "source", "date")
 PRICE_COLUMNS = ("slug", "provider", "tier", "region", "multi_node", "usd_per_gpu_hour", "pricing", "source", "date")
@@ -39,7 +39,7 @@ SCOPES = ("intra-node", "inter-node")
 PRICINGS = ("on-demand", "spot", "reserved")
 MFU_METHODS = ("full", "lora", "qlora", "inference-prefill", "decode-bandwidth")
 _DENSE_FIELDS = {"bf16": "bf16_dense_tflops", "fp16": "fp16_dense_tflops",
-                 "tf32": "tf32_dense_tflops", "fp32": "fp32_tflops"}
+                 "tf32": "tf32_dense_tflops", "fp32": "fp32_tflops", "fp8": "fp8_dense_tflops"}
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,12 @@ class GpuSpec:
     intra_node_interconnect: str      # a name in interconnects.csv
     source: str
     date: str
+    # fp8 (e4m3/e5m2) tensor-core dense peak with fp32 accumulate, what torch._scaled_mm runs
+    # (None: no fp8 tensor cores); its datasheet figure is quoted in `source`
+    fp8_dense_tflops: float | None = None
 
     def dense_tflops(self, dtype: str) -> float:
-        """Dense peak in TFLOPS (1e12 FLOP/s) for dtype in bf16, fp16, tf32, fp32."""
+        """Dense peak in TFLOPS (1e12 FLOP/s) for dtype in bf16, fp16, tf32, fp32, fp8."""
         field = _DENSE_FIELDS.get(dtype)
         if field is None:
             raise InputError(f"unknown compute dtype '{dtype}'; known: {', '.join(_DENSE_FIELDS)}")
@@ -245,7 +248,7 @@ def _load_gpus(path: Path) -> dict[str, GpuSpec]:
             r.number("bf16_dense_tflops", optional=True), r.number("fp16_dense_tflops", optional=True),
             r.number("tf32_dense_tflops", optional=True), r.number("fp32_tflops"),
             r.number("int8_dense_tops", optional=True), r.integer("memory_bandwidth_bytes_per_s"),
-            link, *r.provenance())
+            link, *r.provenance(), fp8_dense_tflops=r.number("fp8_dense_tflops", optional=True))
     return out
 
 

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from estimator import tables
 from estimator.compute_time import compute_parts
 from estimator.defaults import time_constant
+from estimator.fp8 import converted_weights
 from estimator.flops import attention_flops_per_token, decode_flops_per_token, prefill_flops, training_flops
 from estimator.memory import MemoryBreakdown, kv_cache_bytes
 from estimator.params import count_params
@@ -108,7 +109,10 @@ def _gathered_bytes(w: Workload) -> float:
     key = states_key(w)
     p = count_params(w.model)
     adapters = 4.0 * lora_params(w, p) / (w.tp * w.pp) if w.method != "full" else 0.0
-    return weights_bytes(key, p, local_sizes(key, p)) + adapters
+    fp8_saved = 0.0
+    if key.fp8_gather:   # torchao float8 all-gather: converted weights move in fp8, 1 B instead of 2
+        fp8_saved = converted_weights(w.model, p) / (w.tp * w.pp)
+    return weights_bytes(key, p, local_sizes(key, p)) + adapters - fp8_saved
 
 
 def _sharded(w: Workload) -> bool:

@@ -15,7 +15,7 @@ from estimator.model import ModelSpec
 from estimator.lora_targets import matched, targets_from_text
 
 METHODS = ("full", "lora", "qlora", "inference")
-PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16")
+PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor")
 ADAMW_IMPLS = ("fused", "foreach", "single")
 ATTENTIONS = ("eager", "sdpa", "flash")
@@ -58,7 +58,9 @@ class Workload:
         help="config.json path (or its folder), catalog name (llama-3.1-8b) or Hub id", metavar="MODEL"))
     method: str = field(default="full", metadata=dict(help="what the job does", choices=METHODS))
     precision: str = field(default="bf16", metadata=dict(
-        help="weights and compute dtype (amp-*: fp32 weights under autocast)", choices=PRECISIONS))
+        help="weights and compute dtype (amp-*: fp32 weights under autocast; fp8: torchao float8 training, "
+             "bf16 weights and states with the decoder linears' GEMMs in fp8, full fine-tune on fp8 GPUs)",
+        choices=PRECISIONS))
     optimizer: str = field(default="adamw", metadata=dict(help="optimizer", choices=OPTIMIZERS))
     # HF Trainer's default optim is adamw_torch_fused (torch >= 2.8)
     adamw_impl: str = field(default="fused", metadata=dict(
@@ -90,7 +92,8 @@ class Workload:
              "(their weights, gradients and optimizer states); N divides the experts and the GPUs",
         metavar="N"))
     compiled: bool = field(default=False, metadata=dict(
-        help="inference: static KV cache + torch.compile (gpt-fast/torchao style) instead of eager generate"))
+        help="inference: static KV cache + torch.compile (gpt-fast/torchao style) instead of eager generate; "
+             "fp8 training: torch.compile fuses torchao's fp8 casts (the rest of the step as eager)"))
     fsdp: str = field(default="none", metadata=dict(
         help="FSDP2 (accelerate fully_shard): full shard, shard-grad-op (no reshard after forward) or hybrid "
              "(shard within a node, replicate across nodes); --offload moves the shards to the host",
@@ -126,8 +129,19 @@ class Workload:
         return self.precision.startswith("amp-")
 
     @property
+    def fp8(self) -> bool:
+        """torchao float8 training (estimator.fp8): a bf16 model whose decoder linears run fp8 GEMMs."""
+        return self.precision == "fp8"
+
+    @property
+    def base_precision(self) -> str:
+        """The precision of everything but the converted linears' GEMMs: fp8 training keeps the
+        bf16 stack's weights, gradients, optimizer states and activations (estimator.fp8)."""
+        return "bf16" if self.precision == "fp8" else self.precision
+
+    @property
     def compute_dtype(self) -> str:
-        return self.precision.removeprefix("amp-")
+        return self.base_precision.removeprefix("amp-")
 
     @property
     def activation_dtype_bytes(self) -> int:
@@ -161,6 +175,7 @@ class Workload:
         _check_method(self)
         _check_parallel(self)
         _check_experts(self)
+        _check_fp8(self)
         object.__setattr__(self, "_valid", True)
         return self
 
@@ -229,8 +244,9 @@ def _check_method(w: Workload) -> None:
                          "or --method lora --quant int8")
     if w.method != "inference" and w.new_tokens:
         raise InputError("--new-tokens applies to inference only")
-    if w.method != "inference" and w.compiled:
-        raise InputError("--compiled applies to inference only (compiled decode with a static cache)")
+    if w.method != "inference" and w.compiled and not w.fp8:
+        raise InputError("--compiled applies to inference only (compiled decode with a static cache), and to "
+                         "--precision fp8 training (torch.compile fusing torchao's fp8 casts)")
     if w.attn == "sdpa" and w.model.model_type in NO_SDPA:
         raise InputError(f"{w.model.model_type} has no SDPA attention in transformers 5.23 (the model refuses "
                          f"attn_implementation='sdpa'; loaded without one it runs eager): use --attn eager or flash")
@@ -238,6 +254,18 @@ def _check_method(w: Workload) -> None:
         raise InputError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
     if w.quant != "none" and w.compute_dtype == "fp32" and w.method == "inference":
         raise InputError("quantized inference computes in fp16/bf16; choose --precision bf16 or fp16")
+
+
+def _check_fp8(w: Workload) -> None:
+    """fp8 is torchao float8 *training* of full-precision nn.Linear weights (estimator.fp8 says what
+    each library supports); anything else is refused in one line."""
+    if not w.fp8:
+        return
+    from estimator.fp8 import refusal
+
+    why = refusal(w)
+    if why:
+        raise InputError(why)
 
 
 def _check_parallel(w: Workload) -> None:

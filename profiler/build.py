@@ -49,7 +49,7 @@ def weight_dtype(w: Workload):
 
     if w.amp or w.precision == "fp32":
         return torch.float32
-    return torch_dtype(w.precision)
+    return torch_dtype(w.base_precision)   # fp8 training: a bf16 model whose linears torchao converts
 
 
 def autocast_dtype(w: Workload):
@@ -73,6 +73,8 @@ def required_packages(w: Workload) -> list[str]:
         need.append("flash_attn")
     if regime(w).liger:
         need.append("liger_kernel")
+    if w.fp8:
+        need.append("torchao")
     return need
 
 
@@ -86,6 +88,9 @@ def check_packages(w: Workload) -> None:
     refused = hybrid_refusal(w)
     if refused:   # never measured as something else: a skipped row says why
         raise MissingPackage(refused)
+    if w.compiled and w.training:   # the profiler never calls torch.compile
+        raise MissingPackage("the profiler does not build compiled True (torch.compile of the training step) "
+                             "yet (estimator only)")
     for name in required_packages(w):
         if importlib.util.find_spec(name) is None:
             raise MissingPackage(f"{name} is not installed (needed for {_needed_for(name, w)})")
@@ -114,6 +119,8 @@ def _needed_for(name: str, w: Workload) -> str:
         return "attn flash"
     if name == "liger_kernel":
         return "liger"
+    if name == "torchao":
+        return "precision fp8 (torchao float8 training)"
     reasons = [f"quant {w.quant}"] if w.quant != "none" else []
     if w.optimizer.endswith("8bit") or w.optimizer.startswith("paged"):
         reasons.append(f"optimizer {w.optimizer}")
@@ -153,6 +160,8 @@ def build_model(cfg: dict, w: Workload, device: str):
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         _apply_liger_kernel_to_instance(model=model)
+    if w.fp8:
+        _convert_to_float8(model)
     if w.grad_ckpt and w.training:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if w.method in ("lora", "qlora"):
@@ -163,6 +172,20 @@ def build_model(cfg: dict, w: Workload, device: str):
         model.requires_grad_(False)
     model.train(w.training)
     return model
+
+
+def _convert_to_float8(model) -> None:
+    """torchao float8 training as estimator.fp8 models it: every decoder nn.Linear with dims divisible
+    by 16 becomes Float8Linear (tensorwise dynamic scaling, the default config); lm_head and MoE routers
+    stay bf16."""
+    import torch
+    from torchao.float8 import convert_to_float8_training
+
+    def keep(module, fqn: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and not fqn.endswith(("lm_head", ".gate", ".router"))
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    convert_to_float8_training(model, module_filter_fn=keep)
 
 
 def quantized_linear_names(model) -> list[str]:

@@ -113,7 +113,7 @@ def test_valid_workloads_pass(kw):
 INVALID = {
     # _check_choices
     "method": dict(method="pretrain"),
-    "precision": dict(precision="fp8"),
+    "precision": dict(precision="fp6"),
     "optimizer": dict(optimizer="lion"),
     "adamw_impl": dict(adamw_impl="apex"),
     "attn": dict(attn="xformers"),

@@ -27,7 +27,15 @@ def read(config: dict, name: str = "accelerate config") -> Reading:
     elif precision not in (None, "no", "fp8"):
         raise InputError(f"{name}: mixed_precision must be no, fp16, bf16 or fp8; got {precision!r}")
     elif precision == "fp8":
-        m.reading.unmodelled.append(f"{name}: mixed_precision = 'fp8' (fp8 training is not modelled yet)")
+        # accelerate 1.x: fp8_config.backend AO (torchao float8, also what backend NO picks first when
+        # torchao is installed) is `--precision fp8`; Transformer Engine and MS-AMP are not modelled
+        fp8 = m.get("fp8_config", dict) or {}
+        backend = str(fp8.get("backend") or "AO").upper()
+        if backend in ("AO", "NO"):
+            m.set("precision", "fp8", "mixed_precision")
+        else:
+            m.reading.unmodelled.append(f"{name}: mixed_precision = 'fp8' with backend {backend} (only torchao "
+                                        "float8, backend AO, is modelled)")
     fsdp = m.get("fsdp_config", dict)
     if kind == "FSDP":
         f = Mapper(fsdp or {}, f"{name}: fsdp_config", m.reading)
