@@ -188,18 +188,22 @@ def _view_bytes(cache) -> int:
                for layer in cache.layers)
 
 
-def _run(cfg, dtype):
-    """Prefill PROMPT tokens at batch 2, then one decode step; cache bytes after each."""
+def _bytes(cache) -> tuple:
+    """(storage bytes, view bytes) of a key/value cache."""
+    return _storage_bytes(cache), _view_bytes(cache)
+
+
+def _run(cfg, dtype, measure=_bytes):
+    """Prefill PROMPT tokens at batch 2, then one decode step; `measure(cache)` after each."""
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
     ids = torch.randint(0, cfg.vocab_size, (BATCH, PROMPT))
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
         cache = out.past_key_values
-        prefill = (_storage_bytes(cache), _view_bytes(cache), type(cache).__name__,
-                   [type(layer).__name__ for layer in cache.layers])
+        prefill = (*measure(cache), type(cache).__name__, [type(layer).__name__ for layer in cache.layers])
         out = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
-        decode = (_storage_bytes(out.past_key_values), _view_bytes(out.past_key_values))
+        decode = measure(out.past_key_values)
     return prefill, decode
 
 
@@ -378,17 +382,11 @@ def test_real_cache_qwen3_next_linear_states_constant_in_length(dtype):
     assert estimate_memory(w, 0.0, 0).kv_cache_bytes == max(pre_storage, dec_storage)
 
 
+def _linear_bytes(cache) -> tuple:
+    """(bytes of states and keys/values, no view count) of a cache with linear-attention layers."""
+    states, kv, _ = _linear_state_bytes(cache)
+    return states + kv, None
+
+
 def _run_linear(cfg, dtype):
-    """`_run` for a cache with linear-attention layers: bytes of states and keys/values after the prefill
-    and after one decode step."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(dtype).eval()
-    ids = torch.randint(0, cfg.vocab_size, (BATCH, PROMPT))
-    with torch.no_grad():
-        out = model(input_ids=ids, use_cache=True)
-        cache = out.past_key_values
-        states, kv, _ = _linear_state_bytes(cache)
-        prefill = (states + kv, None, type(cache).__name__, [type(layer).__name__ for layer in cache.layers])
-        out = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
-        states, kv, _ = _linear_state_bytes(out.past_key_values)
-    return prefill, (states + kv, None)
+    return _run(cfg, dtype, _linear_bytes)
