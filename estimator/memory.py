@@ -242,7 +242,7 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     key = _activation_key(w)   # the precision after the stack's casts (FSDP, DeepSpeed: no autocast casts)
     if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
-    head = (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
+    head = _head_cast(w, sizes) / 2
     if w.quant != "none":
         return 2 * head
     layers = 2 * (sizes.linear_w - sizes.expert_w) / (w.dp if w.zero == 3 else 1)
@@ -250,6 +250,14 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     if w.grad_ckpt and not cached:
         layers = 0.0
     return layers + 2 * head
+
+
+def _head_cast(w: Workload, sizes: Sizes) -> float:
+    """The lm_head's half-precision autocast cast (bytes; 0 without autocast)."""
+    key = _activation_key(w)
+    if not (key.amp or (w.training and key.kbit_prep)):
+        return 0.0
+    return 2 * (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
 
 
 @dataclass(frozen=True)
@@ -317,10 +325,12 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         # DoRA's weight-norm transient of the widest adapted linear (estimator.dora): in the forward of
         # the last layer with every layer's saved tensors, or (checkpointing) in the recomputation of
         # the first layer the backward reaches
+        # the lm_head's autocast cast is made at the loss, after the layers
+        layer_casts = casts_fwd - _head_cast(w, sizes)
         if w.grad_ckpt:
-            moments.append((below + per_token.layer * tokens + transient + casts_fwd, casts_fwd))
+            moments.append((below + per_token.layer * tokens + transient + layer_casts, layer_casts))
         else:
-            moments.append((below + transient + casts_fwd, casts_fwd))
+            moments.append((below + transient + layer_casts, layer_casts))
     if w.fp8 and w.training:
         # a converted linear's backward in the first layer the backward reaches: every layer's saved
         # tensors (that layer's recomputed with checkpointing) and its fp8 casts (estimator.fp8)
