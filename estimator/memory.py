@@ -44,7 +44,7 @@ from estimator.activations import ActivationKey, activation_key
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime
-from estimator.states import Sizes, Training, local_sizes, model_states, states_key
+from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
 from estimator.units import MiB
 from estimator.workload import Workload
 
@@ -329,8 +329,9 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         layer_casts = casts_fwd - _head_cast(w, sizes)
         if w.grad_ckpt:
             moments.append((below + per_token.layer * tokens + transient + layer_casts, layer_casts))
-        else:
-            moments.append((below + transient + layer_casts, layer_casts))
+        else:   # autocast keeps the half casts of every adapter weight used so far (trainable leaves)
+            adapter_casts = 2 * (lora_params(w, params) - dora_params(w)) / (w.tp * w.pp) if _head_cast(w, sizes) else 0.0
+            moments.append((below + transient + layer_casts + adapter_casts, layer_casts))
     if w.fp8 and w.training:
         # a converted linear's backward in the first layer the backward reaches: every layer's saved
         # tensors (that layer's recomputed with checkpointing) and its fp8 casts (estimator.fp8)
