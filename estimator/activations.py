@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
+from estimator import dora
 from estimator.lora_targets import trained_roles
 from estimator.model import ModelSpec
 from estimator.regimes import regime
@@ -90,6 +91,7 @@ class ActivationKey(NamedTuple):
     liger: bool = False        # Liger Kernel's fused linear cross-entropy (no logits)
     lora_adapters: int = 0     # LoRA adapters per decoder layer (estimator.lora_targets)
     loss: str = "hf"           # how the loss is computed (Workload.loss)
+    dora: tuple = ()           # DoRA: (output features of the adapted linears per layer, o_proj's share)
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -98,12 +100,29 @@ def activation_key(w: Workload) -> ActivationKey:
     half module compute in half with no autocast casts)."""
     rg = regime(w)
     precision = rg.activation_precision
-    roles, adapters = ((), 0)
+    roles, adapters, dora_outs = ((), 0, ())
     if w.method in ("lora", "qlora"):
         roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
+        if w.dora:
+            dora_outs = dora.per_layer_outs(w.model, w.lora_targets)
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
-                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss)
+                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs)
+
+
+def dora_dtypes(key: ActivationKey) -> dora.DoraDtypes:
+    """The dtypes of DoRA's tensors (estimator.dora) under `key`'s precision and stack."""
+    dt = dtypes(key)
+    return dora.dtypes_of(dt.autocast, key.quant != "none", key.adapter_bytes, dt.compute, dt.linear_out, key.amp)
+
+
+def _dora_bytes(key: ActivationKey) -> float:
+    """DoRA, per token and layer: each adapted linear keeps its base and adapter outputs (estimator.dora)."""
+    if not key.dora:
+        return 0.0
+    total, o_proj = key.dora
+    dt = dora_dtypes(key)
+    return (total - o_proj) * dora.saved_bytes_per_out(dt, "") + o_proj * dora.saved_bytes_per_out(dt, "o_proj")
 
 
 @dataclass(frozen=True)
@@ -407,7 +426,13 @@ def _router(key: ActivationKey, dt: Dtypes) -> int:
 
 def layer_fixed_bytes(key: ActivationKey) -> int:
     """Bytes one decoder layer saves whatever the token count: an fp32 router's fp32 cast of its
-    half-precision weight (experts x hidden), saved for the input gradient (training)."""
+    half-precision weight (experts x hidden), saved for the input gradient (training); DoRA's three
+    vectors per adapted linear (the weight norm, mag_norm_scale and mag_norm_scale - 1)."""
+    fixed = round(3 * key.adapter_bytes * key.dora[0]) if key.dora else 0
+    return fixed + _router_weight_cast(key)
+
+
+def _router_weight_cast(key: ActivationKey) -> int:
     spec = key.model
     if not key.training or not spec.is_moe or spec.model_type not in _FP32_ROUTER \
             or spec.model_type in _FP32_ROUTER_WEIGHT or _fp32_weights(key):
@@ -437,12 +462,12 @@ def layer_bytes_per_token(key: ActivationKey) -> int:
                 + _linear_attention(key, dt)
             softmax = _input_bytes(key, dt, attn_roles, dt.residual) * hidden + _attention(key, dt)
             total += round((spec.num_linear_layers * linear + spec.num_attention_layers * softmax) / spec.num_layers)
-            return total + _feed_forward(key, dt) + _adapter_bytes(key, dt)
+            return total + _feed_forward(key, dt) + _adapter_bytes(key, dt) + round(_dora_bytes(key))
         total += _input_bytes(key, dt, attn_roles, dt.residual) * hidden
     total += _attention(key, dt) + _feed_forward(key, dt)
     if _dropout(spec, "resid"):
         total += hidden                                       # the MLP output's dropout mask
-    return total + _adapter_bytes(key, dt)
+    return total + _adapter_bytes(key, dt) + round(_dora_bytes(key))
 
 
 def mlp_bytes_per_token(key: ActivationKey) -> int:

@@ -16,7 +16,9 @@ them. Each part is a roofline term: FLOPs over achieved peak, or bytes over achi
   (tensor contractions are 99.8 % of BERT's FLOPs but 61 % of its PyTorch runtime; normalisation and
   elementwise ops take the rest: Ivanov et al., "Data Movement Is All You Need", MLSys 2021, Table 2).
 - adapters: peft's LoRA path per targeted module (cast to the adapter dtype, two thin matmuls,
-  scaling, add, cast back) is memory-bound: bytes over bandwidth.
+  scaling, add, cast back) is memory-bound: bytes over bandwidth; DoRA adds its weight norm per
+  forward pass (the identity through the adapters, the d_out x d_in sums) and its token-wide
+  arithmetic (estimator.dora).
 - dequant: bitsandbytes dequantizes each quantized weight to the compute dtype every time it is used
   (MatMul4Bit.forward and again in .backward, bitsandbytes/autograd/_functions.py), so a QLoRA
   micro-batch rereads and rewrites the whole base 2 (+1 with recomputation) times.
@@ -31,7 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from estimator import fp8, tables
+from estimator import dora, fp8, tables
 from estimator.defaults import time_constant
 from estimator.flops import attention_flops_per_token, matmul_params
 from estimator.lora_targets import adapter_shapes
@@ -199,11 +201,26 @@ def adapter_bytes_per_token(w: Workload) -> float:
     return total
 
 
+def dora_bytes(w: Workload, tokens: float) -> float:
+    """Bytes DoRA adds to one training micro-batch (estimator.dora; memory-bound): the weight norm
+    rebuilt in every forward pass (the recomputation too) and the token-wide arithmetic of every
+    adapted linear in the forward, backward (about twice) and recomputation."""
+    if not (w.dora and w.method in ("lora", "qlora")):
+        return 0.0
+    from estimator.activations import activation_key, dora_dtypes
+
+    dt = dora_dtypes(activation_key(w))
+    forwards = 2.0 if w.grad_ckpt else 1.0
+    norm = dora.forward_bytes(w.model, w.lora_targets, w.lora_rank, dt)
+    arithmetic = dora.token_bytes_per_out(dt) * dora.outs_all(w.model, w.lora_targets) * tokens
+    return forwards * norm + _passes(w)[0] * arithmetic
+
+
 def _adapter_s(w: Workload, gpu: tables.GpuSpec, tokens: float) -> float:
     if w.method not in ("lora", "qlora"):
         return 0.0
     passes = _passes(w)[0]
-    return adapter_bytes_per_token(w) * tokens * passes / bandwidth(gpu) / (w.tp * w.pp)
+    return (adapter_bytes_per_token(w) * tokens * passes + dora_bytes(w, tokens)) / bandwidth(gpu) / (w.tp * w.pp)
 
 
 def dequant_bytes_per_use(w: Workload) -> float:

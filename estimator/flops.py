@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from estimator.states import lora_params
+from estimator import dora
+from estimator.states import dora_params, lora_params
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.workload import Workload
@@ -58,9 +59,14 @@ def training_flops(w: Workload) -> FlopBreakdown:
     if w.method == "full":
         bwd = 2.0 * fwd
     else:  # input gradients through the frozen base (attention needs both of its grads)
-        adapters = lora_params(w, p)
+        adapters = lora_params(w, p) - dora_params(w)
         fwd += 2.0 * adapters * tokens
         bwd = 2.0 * layers * tokens + 2.0 * attn + 2.0 * head * tokens + 4.0 * adapters * tokens
+    # DoRA rebuilds every adapted weight's norm in each forward (the identity through the adapters;
+    # detached: no backward), once more in the recomputation
+    norm = dora.forward_flops(spec, w.lora_targets, w.lora_rank) if (w.dora and w.method != "full") else 0.0
+    fwd += norm
+    fwd_layers += norm
     recompute = fwd_layers if w.grad_ckpt else 0.0
     share = w.tp * w.pp
     model = (fwd + bwd) / share

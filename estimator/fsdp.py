@@ -85,11 +85,14 @@ def model_tensors(spec: ModelSpec, params: ParamCounts) -> list[Tensor]:
     return out
 
 
-def adapter_tensors(spec: ModelSpec, rank: int, targets: tuple) -> list[Tensor]:
-    """peft LoRA's lora_A (rank x d_in) and lora_B (d_out x rank) of every targeted module."""
+def adapter_tensors(spec: ModelSpec, rank: int, targets: tuple, dora: bool = False) -> list[Tensor]:
+    """peft LoRA's lora_A (rank x d_in) and lora_B (d_out x rank) of every targeted module, and with
+    DoRA its magnitude vector (d_out)."""
     out = []
     for d_in, d_out, n in adapter_shapes(spec, targets):
         out += [Tensor(rank, d_in, n, "adapter"), Tensor(d_out, rank, n, "adapter")]
+        if dora:
+            out.append(Tensor(d_out, 1, n, "adapter"))
     return out
 
 

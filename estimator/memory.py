@@ -39,12 +39,12 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from estimator import activations as act
-from estimator import fp8
+from estimator import dora, fp8
 from estimator.activations import ActivationKey, activation_key
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime
-from estimator.states import Sizes, Training, local_sizes, model_states, states_key
+from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
 from estimator.units import MiB
 from estimator.workload import Workload
 
@@ -242,7 +242,7 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     key = _activation_key(w)   # the precision after the stack's casts (FSDP, DeepSpeed: no autocast casts)
     if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
-    head = (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
+    head = _head_cast(w, sizes) / 2
     if w.quant != "none":
         return 2 * head
     layers = 2 * (sizes.linear_w - sizes.expert_w) / (w.dp if w.zero == 3 else 1)
@@ -250,6 +250,14 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     if w.grad_ckpt and not cached:
         layers = 0.0
     return layers + 2 * head
+
+
+def _head_cast(w: Workload, sizes: Sizes) -> float:
+    """The lm_head's half-precision autocast cast (bytes; 0 without autocast)."""
+    key = _activation_key(w)
+    if not (key.amp or (w.training and key.kbit_prep)):
+        return 0.0
+    return 2 * (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
 
 
 @dataclass(frozen=True)
@@ -312,12 +320,44 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     else:
         top = below - per_token.layer * tokens + per_token.top * tokens
     moments.append((top + casts_bwd + head_grad, casts_bwd))
+    transient = dora_transient(w)
+    if transient:
+        # DoRA's weight-norm transient of the widest adapted linear (estimator.dora): in the forward of
+        # the last layer with every layer's saved tensors, or (checkpointing) in the recomputation of
+        # the first layer the backward reaches
+        # the lm_head's autocast cast is made at the loss, after the layers
+        layer_casts = casts_fwd - _head_cast(w, sizes)
+        if w.grad_ckpt:
+            moments.append((below + per_token.layer * tokens + transient + layer_casts, layer_casts))
+        else:   # autocast keeps the half casts of every adapter weight used so far (trainable leaves)
+            adapter_casts = 2 * (lora_params(w, params) - dora_params(w)) / (w.tp * w.pp) if _head_cast(w, sizes) else 0.0
+            moments.append((below + transient + layer_casts + adapter_casts, layer_casts))
     if w.fp8 and w.training:
         # a converted linear's backward in the first layer the backward reaches: every layer's saved
         # tensors (that layer's recomputed with checkpointing) and its fp8 casts (estimator.fp8)
         in_layer = below + (per_token.layer * tokens if w.grad_ckpt else 0.0)
         moments.append((in_layer + casts_bwd + head_grad + fp8_workspace(w), casts_bwd))
     return moments
+
+
+def dora_transient(w: Workload) -> float:
+    """DoRA: the largest transient of one adapted linear's forward (bytes per GPU; 0 without DoRA):
+    the identity through the adapters, the casts and the weight norm (estimator.dora)."""
+    if not (w.dora and w.training):
+        return 0.0
+    key = _activation_key(w)
+    return dora.transient_bytes(w.model, w.lora_targets, w.lora_rank, act.dora_dtypes(key), w.batch * w.seq) / w.tp
+
+
+def _dora_bottom_layer(w: Workload, per_token: _PerToken, sizes: Sizes, trained: Training) -> float:
+    """DoRA with checkpointing, beyond the gradients: the recomputation of the bottom layer, when
+    every gradient but that layer's adapters' exists: its saved tensors, its checkpointed input and
+    the DoRA transient."""
+    if not (w.dora and w.grad_ckpt and w.training):
+        return 0.0
+    working = (per_token.layer + per_token.checkpoint) * _scale(w) + dora_transient(w)
+    missing = trained.trainable * trained.param_bytes / max(sizes.layers, 1)
+    return max(0.0, working - missing)
 
 
 def fp8_workspace(w: Workload) -> float:
@@ -493,7 +533,8 @@ def components(w: Workload) -> Components:
     # once the gradients are (nearly) complete: the optimizer's temporaries, or the end of the
     # backward when that is larger and sets the peak (see the module docstring)
     late = max(temps, _end_of_backward(w, sizes, trained),
-               _bottom_layer_backward(w, per_token, params, sizes, trained))
+               _bottom_layer_backward(w, per_token, params, sizes, trained),
+               _dora_bottom_layer(w, per_token, sizes, trained))
     if states.gradients + late > fwd_bwd:
         temps = late
     return Components(

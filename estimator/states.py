@@ -53,13 +53,14 @@ class StatesKey(NamedTuple):
     regime: Regime      # the stack's resolved dtypes and sharding (estimator.regimes)
     ep: int = 1         # expert parallel: the routed experts split over ep ranks
     fp8_gather: bool = False   # torchao float8 under FSDP2: converted linears all-gathered in fp8 (estimator.fp8)
+    dora: bool = False         # DoRA: a trained magnitude vector per adapted linear (`lora_params`)
 
 
 def states_key(w: Workload) -> StatesKey:
     """The `StatesKey` of `w` (the one place a Workload becomes one)."""
     return StatesKey(w.model, w.method, w.base_precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
                      w.quant, w.double_quant, w.zero, w.offload, w.tp, w.pp, w.dp, w.training, w.amp,
-                     w.fsdp, regime(w), w.ep, w.fp8 and w.fsdp != "none")
+                     w.fsdp, regime(w), w.ep, w.fp8 and w.fsdp != "none", w.dora)
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,20 @@ def local_sizes(key: StatesKey | Workload, params: ParamCounts) -> Sizes:
 
 
 def lora_params(w: Workload | StatesKey, params: ParamCounts) -> int:
-    """Adapter parameters: r x (d_in + d_out) per module peft targets (estimator.lora_targets: fused
-    MoE experts are not nn.Linear modules in transformers 5 and are never targeted)."""
-    return sum(w.lora_rank * (d_in + d_out) * n for d_in, d_out, n in adapter_shapes(w.model, w.lora_targets))
+    """Trainable adapter parameters: r x (d_in + d_out) per module peft targets (estimator.lora_targets:
+    fused MoE experts are not nn.Linear modules in transformers 5 and are never targeted), plus with
+    DoRA one magnitude vector of d_out per adapted linear (`dora_params`)."""
+    adapters = sum(w.lora_rank * (d_in + d_out) * n for d_in, d_out, n in adapter_shapes(w.model, w.lora_targets))
+    return adapters + dora_params(w)
+
+
+def dora_params(w: Workload | StatesKey) -> int:
+    """DoRA's magnitude vectors: peft 0.21.2 `DoraLinearLayer.update_layer` makes `weight` = the
+    column norm of W + scaling x BA, one element per output feature of every adapted linear
+    (`lora_magnitude_vector`, trained, in the adapters' dtype); 0 without DoRA."""
+    if not getattr(w, "dora", False):
+        return 0
+    return sum(d_out * n for _, d_out, n in adapter_shapes(w.model, w.lora_targets))
 
 
 def _base_dtype_bytes(key: StatesKey) -> int:
@@ -172,7 +184,8 @@ def _trainable_tensors(key: StatesKey, params: ParamCounts) -> list[tuple[int, i
     spec = key.model
     if key.method != "full":
         return [tensor for d_in, d_out, n in adapter_shapes(spec, key.lora_targets)
-                for tensor in ((key.lora_rank * d_in, n), (key.lora_rank * d_out, n))]
+                for tensor in ((key.lora_rank * d_in, n), (key.lora_rank * d_out, n))
+                + (((d_out, n),) if key.dora else ())]
     out = [(lin.d_in * lin.d_out, lin.count) for lin in params.linears]
     out += [(lin.d_out, lin.count) for lin in params.linears if lin.bias]
     per_norm = spec.norm_tensors
@@ -208,8 +221,8 @@ def _optimizer_bytes_per_param(key: StatesKey, state_bytes: int) -> float:
 
 def _adafactor_state(key: StatesKey, params: ParamCounts) -> float:
     """Adafactor (no first moment) keeps fp32 row and column second moments per matrix."""
-    if key.method != "full":
-        return sum(4 * (key.lora_rank + d_in + key.lora_rank + d_out) * n
+    if key.method != "full":   # a DoRA magnitude vector is 1-D: Adafactor keeps it unfactored (d_out)
+        return sum(4 * (key.lora_rank + d_in + key.lora_rank + d_out + (d_out if key.dora else 0)) * n
                    for d_in, d_out, n in adapter_shapes(key.model, key.lora_targets))
     spec = key.model
     total = sum(4 * (lin.d_in + lin.d_out) * lin.count for lin in params.linears)
@@ -331,7 +344,7 @@ def _fsdp_model_states(key: StatesKey, params: ParamCounts, sizes: Sizes, traine
     optimizer on the shards; buffers are the all-gathered copies and reduce-scatter inputs; CPU
     offload puts parameter, gradient and optimizer shards on the host."""
     rg, world = key.regime, key.regime.fsdp_shard
-    adapters = [] if key.method == "full" else fsdp.adapter_tensors(key.model, key.lora_rank, key.lora_targets)
+    adapters = [] if key.method == "full" else fsdp.adapter_tensors(key.model, key.lora_rank, key.lora_targets, key.dora)
     frozen = rg.other_bytes if key.quant != "none" else rg.base_bytes
     compute = 2 if rg.fsdp_mixed else 4
     shards = fsdp.fsdp_states(key.model, params, full=key.method == "full", quant=key.quant,

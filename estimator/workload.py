@@ -76,6 +76,9 @@ class Workload:
              "one regular expression matched against whole module names, or all-linear (peft's rules)",
         metavar="q_proj,v_proj|REGEX|all-linear",
         parse=lora_targets_from_text))
+    dora: bool = field(default=False, metadata=dict(
+        help="DoRA (peft use_dora=True, LoRA/QLoRA): a trained magnitude vector per adapted linear, the "
+             "weight norm recomputed every forward, base and adapter outputs saved"))
     grad_ckpt: bool = field(default=False, metadata=dict(help="gradient checkpointing"))
     attn: str = field(default="sdpa", metadata=dict(help="attention implementation", choices=ATTENTIONS))
     quant: str = field(default="none", metadata=dict(
@@ -242,6 +245,8 @@ def _check_method(w: Workload) -> None:
     if w.kbit_prep == "on" and (w.quant == "none" or not w.training):
         raise InputError("--kbit-prep on prepares a quantized base for training: use it with --method qlora "
                          "or --method lora --quant int8")
+    if w.dora:
+        _check_dora(w)
     if w.method != "inference" and w.new_tokens:
         raise InputError("--new-tokens applies to inference only")
     if w.method != "inference" and w.compiled and not w.fp8:
@@ -254,6 +259,21 @@ def _check_method(w: Workload) -> None:
         raise InputError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
     if w.quant != "none" and w.compute_dtype == "fp32" and w.method == "inference":
         raise InputError("quantized inference computes in fp16/bf16; choose --precision bf16 or fp16")
+
+
+def _check_dora(w: Workload) -> None:
+    """DoRA is a LoRA variant (peft `LoraConfig(use_dora=True)`): LoRA/QLoRA only, on linear modules.
+    peft 0.21.2 refuses it on parameter targets (`ParamWrapper`: the fused MoE experts and routers it
+    converts); DoRA on the embedding or lm_head (DoraEmbeddingLayer, a vocabulary-wide norm) is not
+    modelled."""
+    if w.method not in ("lora", "qlora"):
+        raise InputError(f"--dora is a LoRA variant: use it with --method lora or qlora (got --method {w.method})")
+    kinds = {s.kind for s in matched(w.model, w.lora_targets)}
+    if kinds & {"router", "experts"}:
+        raise InputError("peft 0.21 refuses DoRA on parameter targets (the fused MoE experts and router its "
+                         "conversion targets): drop --dora or target the attention projections only")
+    if kinds & {"embedding", "head"}:
+        raise InputError("DoRA on the embedding or lm_head is not modelled: drop --dora or those targets")
 
 
 def _check_fp8(w: Workload) -> None:

@@ -9,7 +9,8 @@ The recipes follow what users run:
 - precision: fp32/bf16/fp16 load the model in that dtype; amp-* load fp32 and the step runs under
   autocast in the half dtype.
 - LoRA: peft `get_peft_model` with `LoraConfig(r, alpha=2r, dropout 0, target roles)`; peft keeps
-  adapters in fp32 (`autocast_adapter_dtype=True`).
+  adapters in fp32 (`autocast_adapter_dtype=True`); `--dora`: `use_dora=True` (a magnitude vector per
+  adapted linear).
 - QLoRA (and LoRA on an int8 base): every nn.Linear but the output head becomes a bitsandbytes
   layer, as transformers' bitsandbytes quantizer does, built as transformers loads such a model:
   the skeleton on `meta`, each linear's random weight made and quantized on the device one at a
@@ -324,7 +325,7 @@ def _add_lora(model, w: Workload):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=w.grad_ckpt,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(r=w.lora_rank, lora_alpha=2 * w.lora_rank, lora_dropout=0.0, bias="none",
-                        target_modules=lora_module_names(model, w), task_type="CAUSAL_LM")
+                        target_modules=lora_module_names(model, w), task_type="CAUSAL_LM", use_dora=w.dora)
     return get_peft_model(model, config)
 
 

@@ -4,6 +4,7 @@
     python scripts/bench_tracer.py            # the whole grid (a few minutes on 2 cores), then 7B
     python scripts/bench_tracer.py --subset   # the configurations the test suite checks
     python scripts/bench_tracer.py --json     # rows and summaries as JSON
+    python scripts/bench_tracer.py --match dora --no-7b   # the configurations whose label has "dora"
 
 For every configuration: the traced peak_allocated_bytes (profiler.trace, fake tensors, layer
 extrapolation), the raw estimate (estimator.memory, no calibration), their relative error, and the
@@ -26,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # imports): the scripts folder leaves the import path, the repository root takes its place.
 sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "scripts")]
 
-from profiler.trace.grid import TEST_SUBSET, compare, grid, summary  # noqa: E402
+from profiler.trace.grid import TEST_SUBSET, compare, describe, grid, summary  # noqa: E402
 
 MiB = 2**20
 SEVEN_B = ("mistralai/Mistral-7B-v0.1", {"method": "full", "batch": 1, "seq": 2048})
@@ -77,8 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--subset", action="store_true", help="only the configurations the tests check")
     p.add_argument("--no-7b", action="store_true", help="skip the 7B timing")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--match", metavar="TEXT", help="only the configurations whose label contains TEXT (e.g. dora)")
     args = p.parse_args(argv)
     cases = list(TEST_SUBSET) if args.subset else grid()
+    if args.match:
+        cases = [c for c in cases if args.match.lower() in describe(c).lower()]
+        if not cases:
+            print(f"bench_tracer.py: no configuration label contains {args.match!r}", file=sys.stderr)
+            return 2
     start = time.perf_counter()
     if args.json:
         import contextlib

@@ -35,6 +35,7 @@ CHOICES = {
     "method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS, "adamw_impl": ADAMW_IMPLS,
     "batch": (1, 2, 8), "seq": (64, 512, 4096), "new_tokens": (0, 16, 256), "grad_accum": (1, 4),
     "lora_rank": (8, 16, 256), "lora_targets": (("q_proj", "v_proj"), ALL_LINEAR, ("o_proj", "down_proj")),
+    "dora": (False, True),
     "grad_ckpt": (False, True), "attn": ATTENTIONS, "quant": QUANTS, "double_quant": (True, False),
     "gpus": (1, 2, 8), "nodes": (1, 2), "zero": ZERO_STAGES, "offload": OFFLOADS, "tp": (1, 2), "pp": (1, 2), "ep": (1, 2),
     "fsdp": FSDP_MODES, "kbit_prep": KBIT_PREPS, "liger": (False, True), "activation_offload": (False, True),

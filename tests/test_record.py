@@ -26,7 +26,7 @@ TINY = str(ROOT / "tests" / "data" / "tiny-llama.json")
 # every Workload column away from its default (a 4-process QLoRA job under ZeRO-3 with tp x pp)
 EVERY_FIELD = {"method": "qlora", "precision": "amp-bf16", "optimizer": "paged-adamw-8bit",
                "adamw_impl": "foreach", "batch": 3, "seq": 96, "grad_accum": 2, "lora_rank": 8,
-               "lora_targets": "all-linear", "grad_ckpt": True, "attn": "eager", "quant": "fp4",
+               "lora_targets": "all-linear", "dora": True, "grad_ckpt": True, "attn": "eager", "quant": "fp4",
                "double_quant": False, "gpus": 2, "nodes": 2, "zero": 3, "offload": "optimizer+params",
                "tp": 2, "pp": 2, "loss": "model-dtype"}
 INFERENCE = {"method": "inference", "new_tokens": 7, "batch": 2, "seq": 64, "compiled": True}

@@ -1,5 +1,5 @@
 """An Axolotl recipe YAML -> Workload fields (axolotl `utils/schemas/config.py` key names:
-base_model, adapter, load_in_4bit/8bit, lora_r, lora_target_modules / lora_target_linear,
+base_model, adapter, load_in_4bit/8bit, lora_r, lora_target_modules / lora_target_linear, peft_use_dora,
 sequence_len, micro_batch_size, gradient_accumulation_steps, num_epochs, gradient_checkpointing,
 bf16/fp16, optimizer, flash_attention / sdp_attention, deepspeed, fsdp, liger plugin flags)."""
 
@@ -39,6 +39,7 @@ def read(config: dict, name: str = "axolotl recipe", base_dir: Path | None = Non
     else:
         raise InputError(f"{name}: adapter {adapter!r} is not modelled (lora, qlora or none)")
     m.take("lora_r", "lora_rank", int)
+    m.take("peft_use_dora", "dora", bool)
     if m.get("lora_target_linear", bool):
         m.set("lora_targets", lora_targets_from_text("all-linear"), "lora_target_linear")
     else:

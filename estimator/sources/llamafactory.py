@@ -1,5 +1,5 @@
 """A LLaMA-Factory training YAML -> Workload fields (LLaMA-Factory `hparams/*_args.py` key names:
-model_name_or_path, finetuning_type, lora_rank, lora_target, quantization_bit, cutoff_len,
+model_name_or_path, finetuning_type, lora_rank, lora_target, use_dora, quantization_bit, cutoff_len,
 per_device_train_batch_size, gradient_accumulation_steps, num_train_epochs, bf16/fp16,
 flash_attn, enable_liger_kernel, deepspeed, packing; TrainingArguments keys as in training_args)."""
 
@@ -14,7 +14,7 @@ from estimator.sources.training_args import QUIET as TRAINER_QUIET
 from estimator.sources.training_args import _absorb, workload_fields
 
 _OWN = ("model_name_or_path", "finetuning_type", "lora_rank", "lora_target", "quantization_bit",
-        "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "stage")
+        "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "stage", "use_dora")
 QUIET = ("template", "dataset", "dataset_dir", "max_samples", "overwrite_cache", "preprocessing_num_workers",
          "lora_alpha", "lora_dropout", "trust_remote_code", "val_size", "plot_loss", "ddp_timeout",
          "do_sample", "default_system", "tokenized_path", "mix_strategy", "rope_scaling", "use_unsloth")
@@ -44,6 +44,7 @@ def read(config: dict, name: str = "LLaMA-Factory recipe", base_dir: Path | None
         raise InputError(f"{name}: quantization_bit must be 4 or 8; got {bits}")
     m.quiet("quantization_method")
     m.take("lora_rank", "lora_rank", int)
+    m.take("use_dora", "dora", bool)
     target = m.get("lora_target", str)
     if target:
         m.set("lora_targets", lora_targets_from_text("all-linear" if target == "all" else target), "lora_target")

@@ -31,6 +31,11 @@ def read(config: dict, name: str = "adapter config") -> Reading:
             text = targets
         m.set("lora_targets", lora_targets_from_text(text), "target_modules")
     m.unmodelled("modules_to_save", "fully trained copies of these modules are not counted")
-    m.unmodelled("use_dora", "DoRA's magnitude vectors and its extra activations are not modelled")
+    m.take("use_dora", "dora", bool)
+    dropout = config.get("lora_dropout")
+    if config.get("use_dora") is True and isinstance(dropout, (int, float)) and not isinstance(dropout, bool) \
+            and dropout > 0:
+        m.unmodelled("lora_dropout", "DoRA with dropout recomputes the base output on the dropped-out input "
+                                     "(F.linear) and keeps the dropout's mask and output: modelled as lora_dropout 0")
     m.quiet(*QUIET)
     return m.finish()

@@ -103,9 +103,32 @@ def _stacks() -> list[Case]:
     return cases
 
 
+def _dora() -> list[Case]:
+    """DoRA (peft use_dora=True, issue 13): LoRA and QLoRA (with and without kbit preparation),
+    with and without checkpointing, default and all-linear targets, bf16 and AMP, GPT-2's Conv1D;
+    short sequences where the weight-norm transient of down_proj sets the peak."""
+    cases = []
+    for model, settings in (
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", lora_targets="all-linear", batch=1, seq=512)),
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024, grad_ckpt=True)),
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", lora_targets="all-linear", batch=1, seq=128, grad_ckpt=True)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", precision="amp-bf16", lora_targets="all-linear",
+                                                batch=1, seq=512, grad_ckpt=True)),
+            ("openai-community/gpt2-medium", dict(method="lora", lora_targets="c_attn", batch=2, seq=1024)),
+            ("meta-llama/Llama-3.2-1B", dict(method="qlora", quant="nf4", batch=1, seq=512)),
+            ("meta-llama/Llama-3.2-1B", dict(method="qlora", quant="nf4", lora_targets="all-linear", batch=2, seq=1024,
+                                             grad_ckpt=True)),
+            ("meta-llama/Llama-3.2-1B", dict(method="qlora", quant="nf4", lora_targets="all-linear", batch=1, seq=128,
+                                             grad_ckpt=True)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="qlora", quant="nf4", kbit_prep="off", lora_targets="all-linear",
+                                                batch=1, seq=512))):
+        cases.append(Case(model, dict(dora=True, **settings), warmup=1, steps=1))
+    return cases
+
+
 def grid() -> list[Case]:
-    """Every configuration of the grid (training, QLoRA, inference, the stacks' regimes)."""
-    return _training() + _qlora() + _inference() + _stacks()
+    """Every configuration of the grid (training, QLoRA, inference, the stacks' regimes, DoRA)."""
+    return _training() + _qlora() + _inference() + _stacks() + _dora()
 
 
 # The subset the test suite checks: every family, every method, both kernels, both precisions,
@@ -161,6 +184,8 @@ def describe(case: Case) -> str:
         parts.append(f"kbit-prep {s['kbit_prep']}")
     if s.get("loss"):
         parts.append(f"loss {s['loss']}")
+    if s.get("dora"):
+        parts.append("dora")
     if s.get("lora_targets"):
         targets = case.workload().lora_targets
         parts.append("targets " + ("all-linear" if is_all_linear(targets) else ",".join(targets)))

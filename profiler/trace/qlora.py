@@ -167,7 +167,32 @@ def stand_in_class():
     global _CLASS
     if _CLASS is None:
         _CLASS = _class()
+        _dequantize_stand_ins_for_dora(_CLASS)
     return _CLASS
+
+
+def _dequantize_stand_ins_for_dora(cls) -> None:
+    """peft's DoRA (tuners/lora/dora.py) dequantizes the base weight with
+    `peft.utils.integrations.dequantize_module_weight`, which knows a bitsandbytes layer by its
+    `Params4bit` weight: `bnb.functional.dequantize_4bit(weight.data, weight.quant_state)`, an
+    out x in tensor in the dtype the weight was loaded in. The stand-in holds a plain uint8
+    Parameter, so DoRA's module gets a function that does the same for a stand-in (the same
+    bitsandbytes op over the stand-in's QuantState) and defers to peft's for anything else."""
+    from peft.tuners.lora import dora
+
+    original = dora.dequantize_module_weight
+    if getattr(original, "_stand_in_aware", False):
+        return
+
+    def dequantize_module_weight(module):
+        if isinstance(module, cls):
+            from bitsandbytes import functional as F
+
+            return F.dequantize_4bit(module.weight.data, module.state())
+        return original(module)
+
+    dequantize_module_weight._stand_in_aware = True
+    dora.dequantize_module_weight = dequantize_module_weight
 
 
 def stand_in_linear(linear: torch.nn.Linear, w: Workload, compute_dtype):
