@@ -198,6 +198,9 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
                     + tuple(cal.version_warnings(installed_versions())))
     cost = None
     if job is not None:
-        price = tables.price(gpu.slug, job.price_path, job.provider, job.price_kind, w.nodes)
+        try:
+            price = tables.price(gpu.slug, job.price_path, job.provider, job.price_kind, w.nodes)
+        except tables.NoPrice as exc:   # the table says no public price: a time, and no cost
+            price = exc.row
         cost = job_cost(w, time.step_s, job.samples, job.epochs, job.retry_factor, price)
     return Estimate(w, gpu, memory, raw, time, cal, corrections, cost, warnings, raw_time, parts)

@@ -162,6 +162,8 @@ def fit_table(w: Workload, calibration: str = "auto", price_path: str | None = N
             offer = tables.price(slug, price_path, provider, price_kind,
                                  result.workload.nodes if result is not None else 1)
             price, row = offer.usd_per_gpu_hour, offer.label()
+        except tables.NoPrice:
+            price, row = None, "no price (no public on-demand price)"
         except InputError:
             price, row = None, "no such price row"
         if result is None:
@@ -204,7 +206,8 @@ def max_seq(w: Workload, slug: str, calibration: str = "auto", limit: int = 1 <<
 
 
 def cheapest(w: Workload, job: JobSpec, deadline_s: float, calibration: str = "auto") -> list[Estimate]:
-    """Setups (GPU kind x count) that fit and finish the job by the deadline, cheapest first."""
+    """Setups (GPU kind x count) that fit and finish the job by the deadline, cheapest first (those on a
+    GPU without a public price last, their cost None)."""
     found = []
     for slug in tables.gpus():
         for n in _counts():
@@ -217,7 +220,8 @@ def cheapest(w: Workload, job: JobSpec, deadline_s: float, calibration: str = "a
             if result.safe_fits and result.job.job_s <= deadline_s:
                 found.append(result)
                 break  # more of the same GPU only costs more per unit of work or the same
-    return sorted(found, key=lambda e: e.job.cost_usd)
+    # a GPU with no public price cannot be ranked on cost: listed after the priced ones, by time
+    return sorted(found, key=lambda e: (e.job.cost_usd is None, e.job.cost_usd or 0.0, e.job.job_s))
 
 
 # Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models": approaches 1 and 2 give

@@ -100,8 +100,9 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
                      f"   decode {t.decode_tokens_per_s:,.0f} tokens/s   end to end {t.tokens_per_s:,.0f} tokens/s")
     if result.job:
         j = result.job
-        lines.append(f"job   {j.steps} steps   {j.job_s / 3600:.2f} h   {j.gpu_hours:.1f} GPU-h"
-                     f"   ${j.cost_usd:,.2f} at ${j.usd_per_gpu_hour:.2f}/GPU-h ({j.price_row})")
+        cost = (j.price_row if j.cost_usd is None
+                else f"${j.cost_usd:,.2f} at ${j.usd_per_gpu_hour:.2f}/GPU-h ({j.price_row})")
+        lines.append(f"job   {j.steps} steps   {j.job_s / 3600:.2f} h   {j.gpu_hours:.1f} GPU-h   {cost}")
     cal = result.calibration.path or "none (uncalibrated defaults)"
     lines.append(f"calibration: {cal}")
     lines += _calibration_lines(result)
@@ -157,7 +158,8 @@ def cheapest(w: Workload, deadline_hours: float, found: list[Estimate]) -> Resul
         return Result(data, "no GPU setup of the table (up to 64 GPUs) fits and meets the deadline")
     lines = [f"{'gpu':<16}{'GPUs':>6}{'hours':>10}{'cost $':>12}"]
     for s in data["setups"]:
-        lines.append(f"{s['gpu']:<16}{s['gpus']:>6}{s['job_hours']:>10.2f}{s['cost_usd']:>12,.2f}")
+        cost = "no price" if s["cost_usd"] is None else f"{s['cost_usd']:,.2f}"
+        lines.append(f"{s['gpu']:<16}{s['gpus']:>6}{s['job_hours']:>10.2f}{cost:>12}")
     lines.append(f"planned on {PLANNED_ON}")
     return Result(data, "\n".join(lines))
 

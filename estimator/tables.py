@@ -112,6 +112,24 @@ class Price:
 
 
 @dataclass(frozen=True)
+class Unpriced:
+    """A GPU the price table marks as having no public on-demand price: what was searched, and when."""
+
+    slug: str
+    source: str
+    date: str
+
+
+class NoPrice(InputError):
+    """The price table marks the GPU as having no public on-demand price (`unpriced`): a job on it
+    has a time but no cost."""
+
+    def __init__(self, message: str, row: Unpriced):
+        super().__init__(message)
+        self.row = row
+
+
+@dataclass(frozen=True)
 class MfuDefault:
     """Default achieved fraction of dense peak FLOP/s (or of peak bandwidth, for decode-bandwidth)."""
 
@@ -252,14 +270,22 @@ def _load_gpus(path: Path) -> dict[str, GpuSpec]:
     return out
 
 
-def _load_prices(path: Path) -> tuple[Price, ...]:
+def _load_prices(path: Path) -> tuple[tuple[Price, ...], dict[str, Unpriced]]:
+    """The priced rows, and the GPUs the file marks as having no public on-demand price (a row whose
+    `usd_per_gpu_hour` is empty: its source says what was searched; such a GPU has no other on-demand
+    row in the file)."""
     known = gpus()
-    out = []
+    out, unpriced = [], {}
     for r in _read(path, PRICE_COLUMNS):
         slug = r.text("slug").lower()
         if slug not in known:
             raise r.fail("slug", f"unknown GPU '{slug}'; known: {', '.join(known)}")
-        price = r.number("usd_per_gpu_hour")
+        price = r.number("usd_per_gpu_hour", optional=True)
+        if price is None:
+            if r.choice("pricing", PRICINGS) != "on-demand":
+                raise r.fail("usd_per_gpu_hour", "may be empty (no public price) only on an on-demand row")
+            unpriced[slug] = Unpriced(slug, *r.provenance())
+            continue
         from estimator.limits import limit  # estimator.limits reads its CSV through this module
         if price > limit("usd_per_gpu_hour"):
             raise r.fail("usd_per_gpu_hour", f"{price:g} USD per GPU-hour is beyond sense (limit "
@@ -267,7 +293,10 @@ def _load_prices(path: Path) -> tuple[Price, ...]:
         out.append(Price(slug, r.text("provider"), price, r.choice("pricing", PRICINGS), *r.provenance(),
                          tier=r.choice("tier", TIERS), region=r.text("region"),
                          multi_node=r.choice("multi_node", MULTI_NODE)))
-    return tuple(out)
+    both = sorted(slug for slug in unpriced if any(p.slug == slug and p.pricing == "on-demand" for p in out))
+    if both:
+        raise InputError(f"{path}: GPU '{both[0]}' has an on-demand price and a row saying it has none")
+    return tuple(out), unpriced
 
 
 def _load_mfu(path: Path) -> dict[tuple[str, str], MfuDefault]:
@@ -320,25 +349,29 @@ def _dtype_table() -> dict[str, float]:
     return _load_dtypes(DATA_DIR / "dtypes.csv")
 
 
+_PriceFile = tuple[tuple[Price, ...], dict[str, tuple[Price, ...]], dict[str, "Unpriced"]]
+
+
 @lru_cache(maxsize=64)
-def _price_file(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[Price, ...], dict[str, tuple[Price, ...]]]:
-    """Rows of one price file plus its on-demand rows per slug, cheapest first."""
-    rows = _load_prices(Path(path))
+def _price_file(path: str, _mtime_ns: int, _size: int) -> _PriceFile:
+    """Rows of one price file, its on-demand rows per slug (cheapest first), and the GPUs it marks
+    as having no public price."""
+    rows, unpriced = _load_prices(Path(path))
     index: dict[str, list[Price]] = {}
     for p in rows:
         if p.pricing == "on-demand":
             index.setdefault(p.slug, []).append(p)
-    return rows, {slug: tuple(sorted(ps, key=lambda p: p.usd_per_gpu_hour)) for slug, ps in index.items()}
+    return rows, {slug: tuple(sorted(ps, key=lambda p: p.usd_per_gpu_hour)) for slug, ps in index.items()}, unpriced
 
 
 @lru_cache(maxsize=None)
-def _shipped_prices() -> tuple[tuple[Price, ...], dict[str, tuple[Price, ...]]]:
+def _shipped_prices() -> _PriceFile:
     file = DATA_DIR / "prices.csv"
     st = os.stat(file)
     return _price_file(str(file), st.st_mtime_ns, st.st_size)
 
 
-def _prices(path: str | None) -> tuple[tuple[Price, ...], dict[str, tuple[Price, ...]]]:
+def _prices(path: str | None) -> _PriceFile:
     if path is None:
         return _shipped_prices()
     file = os.path.abspath(path)
@@ -367,14 +400,23 @@ def prices(path: str | None = None) -> list[Price]:
     return list(_prices(path)[0])
 
 
+def unpriced(path: str | None = None) -> dict[str, Unpriced]:
+    """The GPUs a price table marks as having no public on-demand price, by slug."""
+    return dict(_prices(path)[2])
+
+
 def price(slug: str, path: str | None = None, provider: str | None = None, tier: str | None = None,
           nodes: int = 1) -> Price:
     """The cheapest on-demand price row for the GPU, of one provider and/or tier when given. A job
     over several nodes is priced on a row documented for multi-node clusters when one exists (else
     the cheapest, whose label then says multi-node is unstated)."""
     spec = gpu(slug)
-    offers = _prices(path)[1].get(spec.slug, ())
+    _, index, unknown = _prices(path)
+    offers = index.get(spec.slug, ())
     where = "the shipped price table" if path is None else path
+    if spec.slug in unknown:
+        raise NoPrice(f"no public on-demand price for '{spec.slug}' in {where} (searched {unknown[spec.slug].date}; "
+                      f"a price of your own goes in --price-table)", unknown[spec.slug])
     if tier is not None and tier not in TIERS:
         raise InputError(f"price kind must be one of {', '.join(TIERS)}; got {tier!r}")
     chosen = [p for p in offers if (provider is None or p.provider.lower() == provider.lower())
@@ -418,9 +460,10 @@ def dtype_bytes(name: str) -> float:
 def validate_all() -> None:
     """Load every shipped table (full schema checks) and check cross-table rules."""
     known = gpus()
-    priced = set(_prices(None)[1])
+    _, priced, unknown = _prices(None)
     for slug in known:
-        if slug not in priced:
-            raise InputError(f"{DATA_DIR / 'prices.csv'}: no on-demand price row for GPU '{slug}' of gpus.csv")
+        if slug not in priced and slug not in unknown:
+            raise InputError(f"{DATA_DIR / 'prices.csv'}: no on-demand price row for GPU '{slug}' of gpus.csv "
+                             f"(nor a row with an empty price saying none is public)")
     _mfu_table()
     _dtype_table()

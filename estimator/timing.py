@@ -304,22 +304,28 @@ class JobCost:
     steps: int
     job_s: float
     gpu_hours: float
-    usd_per_gpu_hour: float
-    cost_usd: float
+    usd_per_gpu_hour: float | None   # None: the price table marks the GPU as having no public price
+    cost_usd: float | None           # None with it: no cost, never a zero
     price_source: str
     retry_factor: float
-    price_row: str = ""       # the price table row used, in words (tables.Price.label)
+    price_row: str = ""       # the price table row used, in words (tables.Price.label), or "no price (...)"
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def job_cost(w: Workload, step_s: float, samples: int, epochs: float, retry_factor: float,
-             price: tables.Price) -> JobCost:
+             price: tables.Price | tables.Unpriced) -> JobCost:
+    """Steps, time and GPU-hours of the job; its cost at `price`, or none (`usd_per_gpu_hour` and
+    `cost_usd` None, `price_row` "no price (...)") when the table marks the GPU as unpriced."""
     global_batch = w.batch * w.grad_accum * w.dp
     steps = math.ceil(samples * epochs / global_batch)
     job_s = steps * step_s * retry_factor
     gpu_hours = job_s / 3600.0 * w.world_size
+    if isinstance(price, tables.Unpriced):
+        return JobCost(samples, epochs, global_batch, steps, job_s, gpu_hours, None, None,
+                       f"{price.source} ({price.date})", retry_factor,
+                       f"no price (no public on-demand price for {price.slug}, searched {price.date})")
     return JobCost(samples, epochs, global_batch, steps, job_s, gpu_hours, price.usd_per_gpu_hour,
                    gpu_hours * price.usd_per_gpu_hour,
                    f"{price.provider} {price.pricing}, {price.source} ({price.date})", retry_factor,

@@ -10,7 +10,9 @@ The input is CSV or JSON (a list of objects), one measurement per row:
 - optional: any Workload field (estimator/workload.py; absent = the Workload default, counted as
   guessed), `stated` (comma list of the Workload fields the source stated; default: those the row
   gives), library versions (`torch`, `transformers`, `peft`, `bitsandbytes`, `deepspeed`, `driver`,
-  `cuda`), `step_s`, `tokens_per_s`, `message` (a note).
+  `cuda`), `step_s`, `tokens_per_s`, `message` (a note), `use` (`fit`, the default, or `skip: <why>`:
+  a transcribed row whose measured quantity the estimator cannot express; it is checked like the
+  others, not stored, and counted with its reason, so the transcription keeps every row it read).
 Every row is checked (its Workload validates, its value converts to positive bytes) before anything
 is written; one bad row refuses the file with one line naming the row, and nothing is stored.
 The stored file keeps the printed value, the unit and the conversion beside the bytes.
@@ -32,7 +34,7 @@ from profiler import record
 MEASUREMENTS = Path(__file__).resolve().parents[1] / "calibrations" / "measurements"
 UNITS = {"GiB": 2**30, "GB": 10**9, "MiB": 2**20, "MB": 10**6, "B": 1, "bytes": 1}
 REQUIRED = ("model", "gpu_slug", "metric", "source", "locator")
-_OWN = {"value", "unit", "stated"} | set(record.COLUMN_NAMES)
+_OWN = {"value", "unit", "stated", "use"} | set(record.COLUMN_NAMES)
 _SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 PROG = "import"
 
@@ -68,9 +70,19 @@ def _text(row: dict, name: str) -> str | None:
 def to_record(raw: dict, line: str, base_dirs: list[Path]) -> dict:
     """One measurement as a record row (InputError naming the row and the problem)."""
     try:
-        return _to_record(raw, base_dirs)
+        return _to_record({k: v for k, v in raw.items() if k != "use"}, base_dirs)
     except InputError as exc:
         raise InputError(f"{line}: {exc}") from None
+
+
+def skip_reason(raw: dict, line: str) -> str | None:
+    """None for a row to store (`use` empty or `fit`); the reason for one marked `skip: <why>`."""
+    use = _text(raw, "use")
+    if use is None or use == "fit":
+        return None
+    if use.startswith("skip:") and use[len("skip:"):].strip():
+        return use[len("skip:"):].strip()
+    raise InputError(f"{line}: use {use!r} must be 'fit' or 'skip: <why>'")
 
 
 def _to_record(raw: dict, base_dirs: list[Path]) -> dict:
@@ -138,7 +150,14 @@ def import_file(path: str | Path, root: Path = MEASUREMENTS, force: bool = False
     if not raws:
         raise InputError(f"{path} holds no measurements")
     base_dirs = [path.resolve().parent, Path.cwd(), record_root()]
-    rows = [to_record(raw, f"{path.name} row {i}", base_dirs) for i, raw in enumerate(raws, start=1)]
+    rows = []
+    for i, raw in enumerate(raws, start=1):
+        line = f"{path.name} row {i}"
+        row, why = to_record(raw, line, base_dirs), skip_reason(raw, line)   # skipped rows are checked too
+        if why is None:
+            rows.append(row)
+    if not rows:
+        raise InputError(f"{path}: every row is marked 'use: skip', nothing to store")
     by_source: dict[str, list[dict]] = {}
     for row in rows:
         by_source.setdefault(row["source"], []).append(row)
@@ -180,4 +199,17 @@ def main(argv: list[str] | None = None, prog: str = "profile.py import") -> int:
         return 2
     for path in written:
         print(f"stored {path} ({utc_now()})")
+    left_out = skipped(Path(args.file))
+    for why, n in left_out.items():
+        print(f"left out {n} row{'s' if n > 1 else ''} marked skip: {why}")
     return 0
+
+
+def skipped(path: Path) -> dict[str, int]:
+    """How many rows of a (valid) measurement file are marked `use: skip: <why>`, by reason."""
+    out: dict[str, int] = {}
+    for i, raw in enumerate(read_rows(path), start=1):
+        why = skip_reason(raw, f"{path.name} row {i}")
+        if why is not None:
+            out[why] = out.get(why, 0) + 1
+    return out

@@ -67,6 +67,12 @@ def test_malformed_rows_are_refused_and_nothing_is_stored(tmp_path, capsys):
         "column.csv": (HEADER.replace("stated", "whatever") + GOOD, "unknown columns whatever"),
         "stated.csv": (HEADER + GOOD.replace('"method,batch,seq"', "colour"), "stated names colour"),
         "second.csv": (HEADER + GOOD + GOOD.replace(",reserved,", ",bogus,"), "second.csv row 2"),
+        "use.csv": (HEADER.replace("stated", "stated,use") + GOOD.replace("\n", ",maybe\n"), "must be 'fit' or 'skip"),
+        "bareskip.csv": (HEADER.replace("stated", "stated,use") + GOOD.replace("\n", ",skip:\n"), "must be 'fit'"),
+        "allskip.csv": (HEADER.replace("stated", "stated,use") + GOOD.replace("\n", ",skip: not expressible\n"),
+                        "every row is marked"),
+        "badskip.csv": (HEADER.replace("stated", "stated,use") + GOOD.replace("\n", ",\n")
+                        + GOOD.replace(",22.5,", ",-1,").replace("\n", ",skip: x\n"), "badskip.csv row 2"),
         "empty.csv": (HEADER, "holds no measurements"),
         "latin1.json": (None, "not UTF-8"),
         "object.json": ('{"model": "x"}', "JSON list of objects"),
@@ -103,3 +109,15 @@ def test_fitting_reads_a_folder_with_published_rows(tmp_path, capsys):
     assert call_main(CLI, capsys, "import", str(src), "--into", str(tmp_path / "m"))[0] == 0
     data = load([tmp_path / "m" / "ms-swift" / "swift.csv"], "a100-80gb")
     assert any("published row" in reason for reason in data.skipped)
+
+
+def test_rows_marked_skip_are_checked_kept_in_the_file_and_not_stored(tmp_path, capsys):
+    src = tmp_path / "ladder.csv"
+    src.write_text(HEADER.replace("stated", "stated,use") + GOOD.replace("\n", ",fit\n")
+                   + GOOD.replace(",22.5,", ",30,").replace("\n", ",skip: the mask is not expressible\n")
+                   + OOM.replace("\n", ",\n"))
+    code, out, err = call_main(CLI, capsys, "import", str(src), "--into", str(tmp_path / "m"))
+    assert code == 0, err
+    rows = _stored(tmp_path / "m" / "ms-swift" / "ladder.csv")
+    assert [r["metric"] for r in rows] == ["reserved", "oom"] and rows[0]["value_as_printed"] == "22.5"
+    assert "left out 1 row marked skip: the mask is not expressible" in out

@@ -27,6 +27,7 @@ CASES = [
     ["--model", "llama-3.1-8b", "--method", "inference", "--new-tokens", "128", "--compiled"],
     ["--model", "mixtral-8x7b", "--method", "lora", "--fsdp", "full", "--gpus", "8", "--liger"],
     ["--axolotl", str(FILES / "axolotl_qlora.yaml"), "--samples", "5000"],
+    ["--model", "qwen3-8b", "--method", "lora", "--gpu", "h20-96gb", "--samples", "1000"],   # no public price
 ]
 
 

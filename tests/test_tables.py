@@ -33,7 +33,8 @@ def test_required_slugs_exist():
 
 
 def test_every_row_has_source_and_date():
-    for rows in (tables.gpus().values(), tables.interconnects().values(), tables.prices()):
+    for rows in (tables.gpus().values(), tables.interconnects().values(), tables.prices(),
+                 tables.unpriced().values()):
         for row in rows:
             assert row.source.strip() and row.date.strip()
 
@@ -101,10 +102,21 @@ def test_interconnect_bandwidths_per_direction():
     assert tables.interconnect("ib-ndr").scope == "inter-node"
 
 
+# GPUs with no public on-demand price (a prices.csv row with an empty price, its source saying what was
+# searched): a job on them gets a time and no cost. Adding one here needs that row; pricing one needs it gone.
+UNPRICED = {"h20-96gb"}
+
+
 def test_every_price_positive_and_every_gpu_priced():
     rows = tables.prices()
     assert all(p.usd_per_gpu_hour > 0 for p in rows)
+    assert set(tables.unpriced()) == UNPRICED
     for slug in tables.gpus():
+        if slug in UNPRICED:
+            assert not [r for r in rows if r.slug == slug and r.pricing == "on-demand"]
+            with pytest.raises(tables.NoPrice, match=f"no public on-demand price for '{slug}'"):
+                tables.price(slug)
+            continue
         p = tables.price(slug)
         assert p.pricing == "on-demand" and p.usd_per_gpu_hour > 0
         assert p.usd_per_gpu_hour == min(r.usd_per_gpu_hour for r in rows
@@ -262,3 +274,48 @@ def test_the_output_names_the_price_row(tmp_path, capsys):
                                "--price-table", _offers(tmp_path), "--price-kind", "cloud")
     assert code == 0, err
     assert "at $3.00/GPU-h (gpucloud cloud on-demand (2026-01-02))" in out
+
+
+def test_an_empty_price_marks_a_gpu_unpriced_and_nothing_else(tmp_path):
+    f = tmp_path / "p.csv"
+    f.write_text(PRICE_HEADER + "a100-80gb,none,cloud,unstated,unstated,,on-demand,searched x and y,2026-01-02\n"
+                 + "h100-80gb,mycloud,cloud,unstated,unstated,2.0,on-demand,my contract,2026-01-02\n")
+    assert [p.slug for p in tables.prices(str(f))] == ["h100-80gb"]          # never a price of 0
+    assert tables.unpriced(str(f))["a100-80gb"].source == "searched x and y"
+    with pytest.raises(tables.NoPrice, match="no public on-demand price for 'a100-80gb'"):
+        tables.price("a100-80gb", str(f))
+    f.write_text(PRICE_HEADER + "a100-80gb,none,cloud,unstated,unstated,,spot,x,2026-01-02\n")
+    with pytest.raises(InputError, match="only on an on-demand row"):
+        tables.prices(str(f))
+    f.write_text(PRICE_HEADER + "a100-80gb,none,cloud,unstated,unstated,,on-demand,x,2026-01-02\n"
+                 + "a100-80gb,mycloud,cloud,unstated,unstated,2.0,on-demand,y,2026-01-02\n")
+    with pytest.raises(InputError, match="has an on-demand price and a row saying it has none"):
+        tables.prices(str(f))
+
+
+def test_a_job_on_an_unpriced_gpu_has_memory_time_and_no_price_never_zero(capsys):
+    import json
+
+    from tests.scripts_loader import call_main, load_script
+
+    cli = load_script("estimate")
+    argv = ("--model", "qwen3-8b", "--method", "lora", "--gpu", "h20-96gb", "--samples", "1000",
+            "--calibration", "none")
+    code, out, err = call_main(cli, capsys, *argv, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["memory"]["device_used_bytes"] > 0 and data["time"]["step_s"] > 0
+    job = data["job"]
+    assert job["job_s"] > 0 and job["gpu_hours"] > 0
+    assert job["usd_per_gpu_hour"] is None and job["cost_usd"] is None          # not 0, not made up
+    assert job["price_row"].startswith("no price")
+    code, out, err = call_main(cli, capsys, *argv)
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("job "))
+    assert "no price (no public on-demand price for h20-96gb" in line and "$" not in line
+    code, out, err = call_main(cli, capsys, "--model", "qwen3-8b", "--method", "lora", "--samples", "100000",
+                               "--cheapest", "--deadline-hours", "100", "--calibration", "none", "--json")
+    assert code == 0, err
+    setups = json.loads(out)["setups"]
+    priced = [s["cost_usd"] for s in setups if s["cost_usd"] is not None]
+    assert priced == sorted(priced) and setups[-1]["gpu"] == "h20-96gb" and setups[-1]["cost_usd"] is None

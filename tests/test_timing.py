@@ -221,3 +221,23 @@ def test_zero3_gathers_every_micro_batch_and_ddp_reduces_once(llama):
 def test_compiled_applies_to_inference_only(llama):
     with pytest.raises(InputError, match="inference only"):
         Workload(llama, method="lora", compiled=True).validate()
+
+
+def test_the_time_development_set_scores_every_row_with_a_gpu_row():
+    """scripts/bench_time.py leaves out only rows marked skip: the Qwen3 H20 rows are scored now that
+    gpus.csv has the H20 (README's time table)."""
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_time", root / "scripts" / "bench_time.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with bench.DEV_SET.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    scored, skipped = bench.score(rows)
+    assert all(why.startswith("skip:") for why in skipped), skipped
+    assert len(scored) + sum(skipped.values()) == len(rows)
+    qwen = [r for r in scored if r["source"] == "qwen3-speed-benchmark"]
+    assert len(qwen) == 24 and {r["gpu"] for r in qwen} == {"h20-96gb"}
