@@ -44,8 +44,10 @@ def dist_backend(backend: str) -> str:
     """The torch.distributed backend between the ranks of a run on `backend`: gloo where tensors
     are host tensors (the cpu backend; the simulated device, where gloo stands in for NCCL), nccl
     between real GPUs."""
-    if on_host(backend):
+    if backend != "cuda":
         return "gloo"
+    if simulated.active():  # cuda-only
+        return "gloo"       # the simulated device's tensors are CPU tensors: NCCL cannot carry them
     else:  # hardware-only: NCCL between real GPUs
         return "nccl"
 
@@ -54,19 +56,12 @@ def deepspeed_environment(backend: str) -> dict:
     """What DeepSpeed's launcher and ranks need in their environment for `backend`: its CPU
     accelerator where tensors are host tensors (the launcher counts the accelerator's devices
     and sets their visibility before any rank starts); nothing on real GPUs (DeepSpeed picks CUDA)."""
-    return {"DS_ACCELERATOR": "cpu"} if on_host(backend) else {}
-
-
-def init(device: str) -> None:
-    """Start CUDA on `device` (torch.cuda.init, set_device and a first allocation)."""
+    if backend != "cuda":
+        return {"DS_ACCELERATOR": "cpu"}
     if simulated.active():  # cuda-only
-        simulated.start()
-    else:  # hardware-only: a real GPU's torch.cuda call
-        import torch
-
-        torch.cuda.init()
-        torch.cuda.set_device(device)
-        torch.empty(1, device=device)
+        return {"DS_ACCELERATOR": "cpu"}
+    else:  # hardware-only: DeepSpeed finds the real GPUs (its CUDA accelerator) by itself
+        return {}
 
 
 def allocated_now(device: str) -> int:
