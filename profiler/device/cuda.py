@@ -64,6 +64,18 @@ def deepspeed_environment(backend: str) -> dict:
         return {}
 
 
+def init(device: str) -> None:
+    """Start CUDA on `device` (torch.cuda.init, set_device and a first allocation)."""
+    if simulated.active():  # cuda-only
+        simulated.start()
+    else:  # hardware-only: a real GPU's torch.cuda call
+        import torch
+
+        torch.cuda.init()
+        torch.cuda.set_device(device)
+        torch.empty(1, device=device)
+
+
 def allocated_now(device: str) -> int:
     """torch.cuda.memory_allocated(device): bytes in live tensors now (the simulated allocator's)."""
     if simulated.active():  # cuda-only
