@@ -140,3 +140,21 @@ def test_the_ddp_rank_peak_is_the_traced_step_plus_its_buckets(swept):
     buckets = 4 * sum(_numels(case))
     for row in rows:
         assert row["peak_allocated_bytes"] == pytest.approx(traced + buckets, rel=0.02)
+
+
+def test_a_sweep_on_the_simulated_device_prepares_the_cpu_accelerator_s_ops(monkeypatch):
+    # the ranks run DeepSpeed's CPU accelerator, whose FusedAdam g++ compiles: prepare_ops builds it
+    # (on real GPUs without nvcc it would be dropped for torch_adam) and for the CPU accelerator
+    from profiler import zero
+
+    built = []
+    monkeypatch.setattr(zero, "_build_op", lambda op, backend, timeout_s: built.append((op, backend)) or f"{op} ok")
+    monkeypatch.setattr(zero, "cuda_toolkit", lambda: None)
+    workloads = [Case(str(TINY), {"zero": 2}).workload(), Case(str(TINY), {"zero": 3, "offload": "optimizer"}).workload()]
+    monkeypatch.setenv(simulated.ENV, "{}")
+    assert zero.prepare_ops(workloads, "cuda") == ["cpu_adam ok", "fused_adam ok"]
+    assert built == [("cpu_adam", "cpu"), ("fused_adam", "cpu")]
+    monkeypatch.delenv(simulated.ENV)
+    built.clear()
+    assert any("no CUDA toolkit" in line for line in zero.prepare_ops(workloads, "cuda"))
+    assert built == [("cpu_adam", "cuda")]
