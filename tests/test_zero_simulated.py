@@ -1,6 +1,8 @@
 """ZeRO and DDP with two ranks on the simulated device (issue 16): the profiler's own sweep path
-(runner.run_sweep -> Runner.run -> runner.launch_command: DeepSpeed's launcher for ZeRO 2 and 3,
-torchrun for DDP) with PROFILER_SIMULATED_DEVICE set, each rank a `profiler.child --backend cuda`
+(runner.run_sweep -> run_parallel -> Runner.run -> runner.launch_command: DeepSpeed's launcher for
+ZeRO 2 and 3, torchrun for DDP; the three cases at once on six simulated GPUs, each pinned to two,
+as `profile.py --parallel` runs them) with PROFILER_SIMULATED_DEVICE set, each rank a
+`profiler.child --backend cuda`
 measuring through profiler.device (its own simulated allocator and NVML entry; gloo stands in for
 NCCL, DeepSpeed runs its CPU accelerator), every row stored in the run folder with backend
 `simulated`.
@@ -20,8 +22,8 @@ The model: tiny-llama widened and deepened (0.8 M parameters, hidden 128, 4 laye
 model states outweigh activations and DeepSpeed's gathered layers and buffers, as on real models:
 then stage 3 holds less than stage 2, which holds less than DDP.
 
-Time: three launches, about 40 s on 2 cores once DeepSpeed's ops are compiled (see
-tests/test_zero_cpu.py for TORCH_EXTENSIONS_DIR).
+Time: three launches at once, about 35 s on 2 cores (2.5 GB of memory at most) once DeepSpeed's
+ops are compiled (see tests/test_zero_cpu.py for TORCH_EXTENSIONS_DIR).
 """
 
 from __future__ import annotations
@@ -62,10 +64,12 @@ def swept(tmp_path_factory):
     model = _deep_config(folder)
     cases = {z: Case(model, {**SETTINGS, "zero": z}, warmup=1, steps=1) for z in STAGES}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(simulated.ENV, json.dumps({"count": WORLD}))
+        # three simulated pairs of GPUs: the cases run at once, each pinned to its pair (--parallel)
+        mp.setenv(simulated.ENV, json.dumps({"count": WORLD * len(STAGES)}))
+        mp.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         store = RunStore(folder / "run")
         outcome = runner.run_sweep(list(cases.values()), runner.Runner(backend="cuda", timeout_s=300),
-                                   store, progress=False)
+                                   store, progress=False, devices=runner.visible_devices(WORLD * len(STAGES)))
     assert outcome.statuses == {"ok": len(STAGES)}, store.rows()
     stored = RunStore(folder / "run")       # read back from results.csv
     return {z: (case, sorted(stored.rows_of(case.id), key=lambda r: r["rank"])) for z, case in cases.items()}
