@@ -2,10 +2,9 @@
 (runner.run_sweep -> run_parallel -> Runner.run -> runner.launch_command: DeepSpeed's launcher for
 ZeRO 2 and 3, torchrun for DDP; the three cases at once on six simulated GPUs, each pinned to two,
 as `profile.py --parallel` runs them) with PROFILER_SIMULATED_DEVICE set, each rank a
-`profiler.child --backend cuda`
-measuring through profiler.device (its own simulated allocator and NVML entry; gloo stands in for
-NCCL, DeepSpeed runs its CPU accelerator), every row stored in the run folder with backend
-`simulated`.
+`profiler.child --backend cuda` measuring through profiler.device (its own simulated allocator and
+NVML entry; gloo stands in for NCCL, DeepSpeed runs its CPU accelerator), every row stored in the
+run folder with backend `simulated`.
 
 Expected numbers never come from the profiler:
 - what each rank holds, from the parameters of a `meta` build counted here and DeepSpeed's
