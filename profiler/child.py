@@ -378,11 +378,10 @@ def init_process_group(w: Workload, backend: str, world_size: int) -> None:
     global _owned_group
     import torch.distributed as dist
 
-    host = backend == "cpu" or simulated.active()     # the simulated device's tensors are on the CPU
-    dist_backend = "gloo" if host else "nccl"
+    dist_backend = cuda_device.dist_backend(backend)   # gloo on the host and the simulated device
     already = dist.is_initialized()
     if w.zero:
-        if host:
+        if cuda_device.on_host(backend):
             zero.use_cpu_accelerator()
         zero.init_distributed(dist_backend)
     elif world_size > 1 and not already:

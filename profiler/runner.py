@@ -16,6 +16,8 @@ Child contract (profiler/child.py)::
   error rows included;
 - world size N > 1 (Workload gpus): the child runs under DeepSpeed's launcher when ZeRO > 0,
   else torchrun, with RANK/LOCAL_RANK/WORLD_SIZE in the environment (no --local_rank argument).
+  A ZeRO child whose tensors live on the host (backend cpu; cuda on the simulated device of
+  profiler.device.simulated) gets DS_ACCELERATOR=cpu, its launcher included.
   Rank r writes `RESULT.rank<r>.json` (same stem as --out; e.g. result.rank1.json); rank 0 may
   write RESULT.json instead or as well (it may also hold every rank's row). The parent reads
   RESULT.json, then every RESULT.rank*.json, keeps the first row it sees per rank, and adds an
@@ -56,6 +58,7 @@ import psutil
 
 from estimator.files import utc_now
 from profiler.case import Case
+from profiler.device import cuda as cuda_device
 from profiler.record import BACKENDS, COLUMN_NAMES, case_status, check_row, new_row
 from profiler.store import RunStore
 
@@ -398,7 +401,9 @@ class Runner:
             case_path, out_path = work / "case.json", work / "result.json"
             case_path.write_text(case.to_json())
             stdout_path, stderr_path = logs / f"{case_slug(case)}.stdout", logs / f"{case_slug(case)}.stderr"
-            extra = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else None
+            extra = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else {}
+            if case.workload().zero:  # DeepSpeed's launcher and ranks: its CPU accelerator on the host
+                extra.update(cuda_device.deepspeed_environment(self.backend))
             rc, timed_out = execute(self.command(case, case_path, out_path), stdout_path, stderr_path,
                                     self.timeout_s, extra)
             raw_rows, problem = read_result_rows(out_path)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from estimator.workload import Workload
 from profiler import build as builder
+from profiler.device import cuda as cuda_device
 
 LR = 1e-5
 STALE_LOCK_S = 900  # a build lock older than this is a leftover (FusedAdam compiles in ~1-2 min)
@@ -217,13 +218,15 @@ def prepare_ops(workloads, backend: str, timeout_s: float = 1800,
                 older_than_s: float = STALE_LOCK_S) -> list[str]:
     """Before a sweep (profiler.session): remove stale build locks, then compile the DeepSpeed ops
     its ZeRO workloads need, each once, in a subprocess of this process (cuda or cpu accelerator
-    as `backend`), so that no child compiles and none is killed mid-build by its timeout. FusedAdam
+    as `backend`; the CPU accelerator's on a simulated device), so that no child compiles and none is killed mid-build by its timeout. FusedAdam
     is not built on cuda without a CUDA toolkit (the children use torch_adam). A build that fails
     or times out is reported, never raised (the children then report it in their rows); one killed
     for its timeout has its lock removed. Returns one line per thing done."""
     ops = ops_needed(workloads) if backend in ("cuda", "cpu") else []
     if not ops:
         return []
+    if cuda_device.on_host(backend):  # cpu, and cuda on the simulated device: the CPU accelerator's ops
+        backend = "cpu"
     lines = [f"removed a stale DeepSpeed build lock: {p}" for p in clear_stale_locks(older_than_s=older_than_s)]
     if backend == "cuda" and "fused_adam" in ops and cuda_toolkit() is None:
         ops.remove("fused_adam")
@@ -236,8 +239,7 @@ def _build_op(op: str, backend: str, timeout_s: float) -> str:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    if backend == "cpu":
-        env["DS_ACCELERATOR"] = "cpu"
+    env.update(cuda_device.deepspeed_environment(backend))
     code = "import sys; from profiler.zero import load_op; load_op(sys.argv[1])"
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", code, op], env=env, stdout=subprocess.PIPE,

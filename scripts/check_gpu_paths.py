@@ -7,8 +7,10 @@ setup, NVML readings, the idle check, GPU detection, the cuda branches of measur
 environment). A `# hardware-only: <reason>` comment marks a block only a real GPU can run (the
 calls into torch.cuda and pynvml themselves); it leaves the count and is listed with its reason.
 The script runs the simulated-device tests (tests/test_simulated_device.py: the real child,
-measure, nvml, runner, search and profile.py code with PROFILER_SIMULATED_DEVICE; and the
-Trainer callback's CUDA branch in tests/test_callbacks.py) under coverage, children included,
+measure, nvml, runner, search and profile.py code with PROFILER_SIMULATED_DEVICE;
+tests/test_zero_simulated.py: ZeRO 2/3 and DDP ranks under DeepSpeed's launcher and torchrun;
+tests/test_gpu.py: the GPU tests' simulated variants; and the Trainer callback's CUDA branch in
+tests/test_callbacks.py) under coverage, children and ranks included,
 and prints the CUDA-only lines never executed, the hardware-only blocks, and last:
 `cuda paths: N/M lines executed (X%)` (target >= 95%).
 
@@ -28,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "profiler"
 MARK = re.compile(r"#\s*(cuda-only|hardware-only:\s*(?P<why>.+?))\s*$")
-DEFAULT_TESTS = ["tests/test_simulated_device.py",
+DEFAULT_TESTS = ["tests/test_simulated_device.py", "tests/test_zero_simulated.py", "tests/test_gpu.py",
                  "tests/test_callbacks.py::test_the_cuda_branch_through_the_simulated_device"]
 
 

@@ -34,6 +34,36 @@ def placement(device: str) -> str:
     return "cpu" if simulated.active() else device
 
 
+def on_host(backend: str) -> bool:
+    """True where the tensors of a run on `backend` (cuda, cpu, trace) live in host memory: every
+    backend but cuda, and cuda on a simulated device."""
+    return backend != "cuda" or simulated.active()
+
+
+def dist_backend(backend: str) -> str:
+    """The torch.distributed backend between the ranks of a run on `backend`: gloo where tensors
+    are host tensors (the cpu backend; the simulated device, where gloo stands in for NCCL), nccl
+    between real GPUs."""
+    if backend != "cuda":
+        return "gloo"
+    if simulated.active():  # cuda-only
+        return "gloo"       # the simulated device's tensors are CPU tensors: NCCL cannot carry them
+    else:  # hardware-only: NCCL between real GPUs
+        return "nccl"
+
+
+def deepspeed_environment(backend: str) -> dict:
+    """What DeepSpeed's launcher and ranks need in their environment for `backend`: its CPU
+    accelerator where tensors are host tensors (the launcher counts the accelerator's devices
+    and sets their visibility before any rank starts); nothing on real GPUs (DeepSpeed picks CUDA)."""
+    if backend != "cuda":
+        return {"DS_ACCELERATOR": "cpu"}
+    if simulated.active():  # cuda-only
+        return {"DS_ACCELERATOR": "cpu"}
+    else:  # hardware-only: DeepSpeed finds the real GPUs (its CUDA accelerator) by itself
+        return {}
+
+
 def init(device: str) -> None:
     """Start CUDA on `device` (torch.cuda.init, set_device and a first allocation)."""
     if simulated.active():  # cuda-only
@@ -44,6 +74,16 @@ def init(device: str) -> None:
         torch.cuda.init()
         torch.cuda.set_device(device)
         torch.empty(1, device=device)
+
+
+def allocated_now(device: str) -> int:
+    """torch.cuda.memory_allocated(device): bytes in live tensors now (the simulated allocator's)."""
+    if simulated.active():  # cuda-only
+        return simulated.allocated_bytes()
+    else:  # hardware-only: a real GPU's torch.cuda call
+        import torch
+
+        return int(torch.cuda.memory_allocated(device))
 
 
 def reserved_now(device: str) -> int:

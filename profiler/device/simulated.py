@@ -16,6 +16,9 @@ Under it the child runs its real code with `backend cuda`, but tensors live on t
   (containers: the whole-device delta path), "mig" maps no device (not measured);
 - `busy` lists other processes on the device (the idle check), `fault` makes the device stop
   answering after CUDA started (a sticky error);
+- several ranks (DeepSpeed's launcher, torchrun): each rank is a process with its own allocator
+  and NVML entry; gloo stands in for NCCL and DeepSpeed runs its CPU accelerator
+  (profiler.device.cuda `dist_backend`, `deepspeed_environment`);
 - rows are labelled backend `simulated` (profiler/record.py) and never fitted (fitting/data.py).
 Numbers from it test the code paths, not hardware.
 """
