@@ -162,7 +162,8 @@ def build(cfg: dict, regimes: list[dict] | None = None, path: Path | None = None
         lines = [ln.strip() for ln in (done.stderr or "").splitlines() if ln.strip()]
         why = lines[-1] if lines else f"exit code {done.returncode}"
         why = why.removeprefix("profiler.cards: error: ")
-        raise InputError(f"model_type {mt!r} has no mapping, and transformers cannot build it: {why}"[:400])
+        raise InputError(f"model_type {mt!r} has no mapping, and transformers {transformers_version()} cannot "
+                         f"build or trace this config: {why}"[:400])
     return out
 
 

@@ -62,8 +62,7 @@ def build_config(cfg: dict):
     try:
         return AutoConfig.for_model(mt, **values)
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; the user gets one line
-        raise CardError(f"transformers {_tf_version()} has no config class for model_type {mt!r} "
-                        f"({_first_line(exc)})") from None
+        raise CardError(f"no config class for it ({_first_line(exc)})") from None
 
 
 def _tf_version() -> str:
@@ -81,8 +80,7 @@ def meta_model(cfg: dict, attn: str = "sdpa", dtype: str = "bfloat16"):
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
     except Exception as exc:  # noqa: BLE001
-        raise CardError(f"transformers cannot build a causal LM of model_type {cfg.get('model_type')!r}: "
-                        f"{_first_line(exc)}") from None
+        raise CardError(_first_line(exc)) from None
 
 
 def _layers(model):
