@@ -24,6 +24,7 @@ optimizer, calibration) is the estimator's, unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -152,7 +153,9 @@ def build(cfg: dict, regimes: list[dict] | None = None, path: Path | None = None
             cmd += ["--regime", json.dumps(regime, sort_keys=True)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         what = f"regime {regimes[0]['method']}" if regimes else "structure"
-        with after(2.0, f"tracing the {what} of model_type {mt!r} with transformers (once; cached in {out.parent})"):
+        # the progress line is for a person at a terminal: a refusal elsewhere stays one line
+        message = f"tracing the {what} of model_type {mt!r} with transformers (once; cached in {out.parent})"
+        with (after(2.0, message) if sys.stderr.isatty() else contextlib.nullcontext()):
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT),
                                       timeout=BUILD_TIMEOUT_S)

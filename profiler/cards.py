@@ -78,7 +78,12 @@ def meta_model(cfg: dict, attn: str = "sdpa", dtype: str = "bfloat16"):
     config = build_config(cfg)
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
+            try:
+                return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
+            except ValueError as exc:
+                if "does not support an attention implementation" not in str(exc) or attn == "eager":
+                    raise
+                return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation="eager")
     except Exception as exc:  # noqa: BLE001
         raise CardError(_first_line(exc)) from None
 
