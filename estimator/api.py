@@ -133,7 +133,8 @@ class Estimate:
             "schema": OUTPUT_SCHEMA,
             "workload": _workload_dict(w),
             "model": {"name": w.model.name, "model_type": w.model.model_type,
-                      "params_total": p.total, "params_active": p.active, "params_trainable": trainable},
+                      "params_total": p.total, "params_active": p.active, "params_trainable": trainable,
+                      **_structure(w.model)},
             "gpu": {"slug": self.gpu.slug, "name": self.gpu.name, "memory_bytes": self.gpu.memory_bytes},
             "memory": memory,
             "time": time,
@@ -151,6 +152,13 @@ class Estimate:
                             "warnings": list(self.warnings)},
             "job": self.job.to_dict() if self.job else None,
         }
+
+
+def _structure(spec) -> dict:
+    """"mapped" (estimator/model.py) or "traced" with its card (estimator/cards.py)."""
+    if not getattr(spec, "card_path", ""):
+        return {"structure": "mapped"}
+    return {"structure": "traced", "card": spec.card_path}
 
 
 def _workload_dict(w: Workload) -> dict:

@@ -147,6 +147,9 @@ def _layer_sites(spec: ModelSpec, prefix: str, names: dict, i: int) -> list[Site
 @lru_cache(maxsize=256)
 def sites(spec: ModelSpec) -> tuple[Site, ...]:
     """Every module of the model an adapter can target, layer by layer, then the embedding and lm_head."""
+    if getattr(spec, "card_path", ""):   # structure card (estimator/cards.py): the module names as built
+        from estimator.cards import card_sites
+        return card_sites(spec)
     prefix, names, embed = _LAYOUTS.get(spec.model_type, _DEFAULT_LAYOUT)
     out = []
     for i in range(spec.num_layers):

@@ -210,6 +210,9 @@ class _PerToken:
 
 @lru_cache(maxsize=4096)
 def _per_token(key: ActivationKey) -> _PerToken:
+    if getattr(key.model, "card_path", ""):   # structure card (estimator/cards.py): traced per regime
+        from estimator.cards import per_token
+        return _PerToken(*per_token(key))
     layer = act.layer_bytes_per_token(key) + act.score_bytes_per_token(key, key.seq)
     top = act.top_layer_backward_bytes_per_token(key, key.seq)
     return _PerToken(layer, act.checkpoint_bytes_per_token(key), act.outside_layers_bytes_per_token(key), top,

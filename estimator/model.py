@@ -831,8 +831,10 @@ def spec_from_config(cfg: dict, name: str = "") -> ModelSpec:
             "catalog entry, e.g. 'gemma-3-4b'")
     builder = _BUILDERS.get(mt)
     if builder is None:
-        raise InputError(
-            f"model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        # ---- structure cards (estimator/cards.py): an unmapped model_type is traced once ----
+        from estimator.cards import traced_spec
+        shown = name if isinstance(name, str) and name else cfg.get("_name_or_path")
+        return traced_spec(cfg, shown if isinstance(shown, str) and shown else mt, SUPPORTED_MODEL_TYPES)
     shown = name if isinstance(name, str) and name else cfg.get("_name_or_path")
     try:
         spec = builder(cfg, shown if isinstance(shown, str) and shown else mt)

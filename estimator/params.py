@@ -209,6 +209,9 @@ def _expert_block(spec: ModelSpec, linears: list[Linear]) -> int:
 @lru_cache(maxsize=1024)
 def count_params(spec: ModelSpec) -> ParamCounts:
     """Exact parameter counts by component (cached: specs are frozen)."""
+    if getattr(spec, "card_path", ""):   # structure card (estimator/cards.py): counted on the meta build
+        from estimator.cards import card_params
+        return card_params(spec)
     feed_forward, router = _feed_forward(spec)
     linears = tuple(_attention_linears(spec) + feed_forward + _projections(spec))
     embedding = spec.vocab_size * spec.embed_dim

@@ -77,6 +77,8 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
     lines = [f"{w.model.name}  {w.method}  {w.precision}  batch {w.batch} x seq {w.seq}"
              f"{'  +' + str(w.new_tokens) + ' new' if w.new_tokens else ''}  on {result.gpu.name}"
              f"  ({w.world_size} GPU{'s' if w.world_size > 1 else ''})"]
+    if getattr(w.model, "card_path", ""):   # structure card (estimator/cards.py)
+        lines.append(f"model: structure traced ({w.model.model_type} has no mapping; card {w.model.card_path})")
     lines += [f"regime: {note}" for note in result.regime_notes]
     lines += ["", "memory per GPU"]
     for name, value in m.to_dict().items():
