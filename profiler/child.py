@@ -493,6 +493,25 @@ def write_checked(path: Path, row: dict) -> dict:
         return row
 
 
+def _exit_rank(code: int) -> None:
+    """A rank of several ends without interpreter teardown once its row is written and its group
+    destroyed: DeepSpeed's CPU-side threads (offload, gloo) can be destroyed still joinable at
+    teardown, and the C++ runtime then aborts ('terminate called without an active exception',
+    rc -6) after a good step, which the launcher reports as a failed run."""
+    try:  # a rank measured by coverage (scripts/check_gpu_paths.py) keeps its data
+        import coverage
+
+        current = coverage.Coverage.current()
+        if current is not None:
+            current.stop()
+            current.save()
+    except Exception:  # coverage absent or not measuring
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -508,13 +527,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profiler.child: cannot write {path}: {e.strerror or e}", file=sys.stderr)
         return EXIT_UNWRITABLE
     if world_size > 1 and row["status"] != "ok":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(EXIT_RANK_FAILED)  # skip interpreter teardown: it may wait on the other ranks
+        _exit_rank(EXIT_RANK_FAILED)  # skip interpreter teardown: it may wait on the other ranks
     _finish_distributed()
     return EXIT_OK
 
 
 if __name__ == "__main__":
     die_with_parent()  # here, not in main(): main() also runs inside test processes
-    sys.exit(main())
+    _code = main()
+    if rank_info()[2] > 1:
+        _exit_rank(_code)
+    sys.exit(_code)
