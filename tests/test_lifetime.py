@@ -77,8 +77,11 @@ def start_parent(tmp_path: Path, cmd: list[str]) -> subprocess.Popen:
     """A parent process (as scripts/profile.py is one) running the child through runner.execute."""
     script = tmp_path / "parent.py"
     script.write_text(textwrap.dedent(f"""
-        import sys
+        import signal, sys
         from pathlib import Path
+        # a terminal's parent: SIGHUP at its default even when the suite runs under nohup, which
+        # the runner respects by leaving an ignored SIGHUP ignored
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         sys.path.insert(0, {str(ROOT)!r})
         from profiler.runner import execute
         d = Path({str(tmp_path)!r})
