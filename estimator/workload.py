@@ -19,7 +19,7 @@ PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor")
 ADAMW_IMPLS = ("fused", "foreach", "single")
 ATTENTIONS = ("eager", "sdpa", "flash")
-NO_SDPA = ("gptj",)   # model_types transformers 5.23 builds with eager or flash_attention_2 only
+NO_SDPA = ("gptj", "gpt_oss")   # model_types transformers 5.23 builds with eager or flash_attention_2 only (_supports_sdpa = False)
 QUANTS = ("none", "int8", "nf4", "fp4")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 ZERO_STAGES = (0, 1, 2, 3)
