@@ -147,14 +147,15 @@ def build_model(cfg: dict, w: Workload, device: str):
     the full-precision model never exists on the device.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     check_packages(w)
     config = hf_config(cfg, w)
     quantized = w.quant != "none"
+    # a vision-language model (its vision tower counted in the spec) builds as transformers loads it
+    auto = AutoModelForImageTextToText if w.model.vision_params else AutoModelForCausalLM
     with torch.device("meta" if quantized else device):
-        model = AutoModelForCausalLM.from_config(config, dtype=weight_dtype(w),
-                                                 attn_implementation=_ATTN[w.attn])
+        model = auto.from_config(config, dtype=weight_dtype(w), attn_implementation=_ATTN[w.attn])
     if quantized:
         _build_quantized(model, w, device)
     if regime(w).liger:   # what the HF Trainer does with use_liger_kernel=True

@@ -25,7 +25,8 @@ METHODS = ("full", "lora", "qlora", "inference")
 LORA = {"deepseek_v3": ("q_b_proj", "kv_b_proj", "o_proj"), "deepseek_v2": ("q_proj", "kv_b_proj", "o_proj"),
         "gptj": ("q_proj", "v_proj", "out_proj", "fc_in"), "glm": ("q_proj", "v_proj", "o_proj", "gate_up_proj"),
         "glm4": ("q_proj", "v_proj", "o_proj", "gate_up_proj"),
-        "qwen3_next": ("q_proj", "v_proj", "in_proj_qkvz", "out_proj")}
+        "qwen3_next": ("q_proj", "v_proj", "in_proj_qkvz", "out_proj"),
+        "starcoder2": ("q_proj", "v_proj", "o_proj", "c_proj")}   # StarCoder2's MLP: c_fc, c_proj
 DEFAULT_LORA = ("q_proj", "v_proj", "o_proj", "down_proj")
 # GPT-J and GPT-OSS have no SDPA path in transformers 5.23 (GPT-OSS: eager with its sinks, or flex/kernels)
 ATTN = {"gptj": "eager", "gpt_oss": "eager"}
@@ -137,8 +138,8 @@ FAMILIES = {
     # stay resident (and train under a full fine-tune)
     "qwen2_5_vl": dict(model_type="qwen2_5_vl", num_hidden_layers=2,
                        rope_scaling={"type": "default", "mrope_section": [8, 12, 12]},
-                       vision_config=dict(depth=2, hidden_size=64, intermediate_size=96, num_heads=2,
-                                          out_hidden_size=256, fullatt_block_indexes=[1]), **_T),
+                       vision_config=dict(depth=3, hidden_size=64, intermediate_size=96, num_heads=2,
+                                          out_hidden_size=256, fullatt_block_indexes=[2]), **_T),
     "qwen3_vl": dict(model_type="qwen3_vl",
                      text_config=dict(num_hidden_layers=2, head_dim=64,
                                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0,

@@ -180,7 +180,7 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
     with FakeTensorMode(allow_non_fake_inputs=True), tracing_patches(), kv_cache_tagging() as tag:
         _materialize(model, "cpu")
         optimizer = make_optimizer(model, w)
-        batch = make_batch(w, cfg["vocab_size"], "cpu")
+        batch = make_batch(w, cfg.get("text_config", cfg)["vocab_size"], "cpu")
         _warm_up(model, optimizer, w)
         tracker = LiveBytes()
         _register(tracker, model, optimizer, batch)
