@@ -69,6 +69,8 @@ _FP32_ROUTER = ("deepseek_v2", "deepseek_v3", "glm4_moe", "ernie4_5_moe")
 _FP32_ROUTER_WEIGHT = ("ernie4_5_moe",)
 # sigmoid scores, top-k weights renormalised in place (norm_topk_prob, default True): DeepSeek-V3, GLM-4.5
 _SIGMOID_ROUTER = ("deepseek_v3", "glm4_moe")
+# every expert runs every token, scaled by its router score (Llama4TextMoe: torch.bmm over all experts)
+_DENSE_EXPERTS = ("llama4_text",)
 
 
 class ActivationKey(NamedTuple):
@@ -278,10 +280,20 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
         # StableLmLayerNormPerHead: nn.LayerNorm per head over split views of q/k_proj's output (kept
         # whole) with an fp32 mean and rstd per head; the normalized heads are a new tensor (cat)
         total += dt.linear_out * (q_dim + kv_dim) + 8 * (spec.num_heads + spec.num_kv_heads)
+    elif spec.qk_norm and spec.norm == "layer_nobias":
+        # Cohere's q/k norms are CohereLayerNorm over each head (norm_bytes: x - mean computed twice
+        # in fp32, an fp32 rsqrt per head row, the fp32 normalized heads when the weight trains)
+        total += 8 * (q_dim + kv_dim) + 4 * (spec.num_heads + spec.num_kv_heads) \
+            + (4 * (q_dim + kv_dim) if key.method == "full" else 0)
     elif spec.qk_norm:
         heads = 1 + 1 if spec.qk_norm_full else spec.num_heads + spec.num_kv_heads  # rsqrt rows
         normed = 4 if spec.model_type in _FP32_NORM_WEIGHT else dt.residual
         total += 4 * (q_dim + kv_dim) + 4 * heads + (normed * (q_dim + kv_dim) if key.method == "full" else 0)
+    if spec.qk_l2_norm_layers:
+        # Llama4TextL2Norm on the rotary layers: x.float() saved (pow, mul) and an fp32 rsqrt per head
+        # row; averaged over the layers
+        per_layer = 4 * (q_dim + kv_dim) + 4 * (spec.num_heads + spec.num_kv_heads)
+        total += round(per_layer * spec.qk_l2_norm_layers / spec.num_layers)
     if _dropout(spec, "resid"):
         total += spec.hidden_size
     return total
@@ -391,6 +403,8 @@ def _mlp(key: ActivationKey, dt: Dtypes, width: int) -> int:
 def _moe(key: ActivationKey, dt: Dtypes) -> int:
     """Saved by one MoE block per token (its input excluded)."""
     spec = key.model
+    if spec.model_type in _DENSE_EXPERTS:
+        return _dense_experts(key, dt)
     compute, hidden, chosen = dt.compute, spec.hidden_size, spec.experts_per_token
     experts = chosen * _mlp(key, dt, spec.moe_intermediate_size)
     if _trains(key, "gate_proj") or _trains(key, "up_proj"):
@@ -404,6 +418,25 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
         if spec.shared_expert_gate:
             shared += compute * hidden + compute        # shared output x sigmoid(gate)
     return experts + router + shared
+
+
+def _dense_experts(key: ActivationKey, dt: Dtypes) -> int:
+    """Llama-4's MoE block per token (transformers 5.23 Llama4TextMoe): every expert runs every
+    token, pre-scaled by its router score (zero off the top-k): the input repeated once per expert
+    times the scores' column (both saved by the product), the scaled input (for gate_up_proj's
+    gradient, full fine-tune), then per expert a gated MLP by torch.bmm: the gate/up output (kept
+    by the activation and the product), the activation and the product (down_proj's gradient, full
+    fine-tune). Llama4Router: an nn.Linear whose top-k values are scattered into a -inf row, then an
+    fp32 sigmoid (saved output) cast back; topk and scatter keep their int64 indices. The shared
+    expert is a plain gated MLP."""
+    spec = key.model
+    c, hidden, experts, width = dt.compute, spec.hidden_size, spec.num_experts, spec.moe_intermediate_size
+    full = key.method == "full"
+    saves = _activation_saves(spec, dt)[0]
+    routed = experts * ((saves + 2 * c) * width + (c * width if full else 0))
+    routed += experts * (c * hidden + c) + (experts * c * hidden if full else 0)
+    router = 4 * experts + 2 * _INDEX_BYTES * spec.experts_per_token
+    return routed + router + _mlp(key, dt, spec.shared_expert_intermediate_size)
 
 
 def _router(key: ActivationKey, dt: Dtypes) -> int:
@@ -726,6 +759,13 @@ def _inference_moe_bytes_per_token(key: ActivationKey, compute: int) -> int:
     expert beside the experts' summed output."""
     spec, hidden = key.model, key.model.hidden_size
     mt = spec.model_type
+    if mt in _DENSE_EXPERTS:
+        # Llama4TextMoe: the repeated input and its scaled copy, then per expert the gate/up output,
+        # activation and product beside the bmm output; then the routed output and the scaled input
+        # (still referenced) beside the shared expert
+        e, width = spec.num_experts, spec.moe_intermediate_size
+        return max(e * compute * (2 * hidden + 4 * width),
+                   e * compute * 2 * hidden + compute * (hidden + 3 * spec.shared_expert_intermediate_size))
     routing = 4 if mt in _FP32_ROUTER and mt not in _FP32_ROUTER_WEIGHT else compute
     width = spec.moe_intermediate_size
     experts = spec.experts_per_token * max(compute * (hidden + 3 * width), hidden * (2 * compute + 2 * routing))

@@ -192,12 +192,13 @@ def _convert_to_float8(model) -> None:
 
 def quantized_linear_names(model) -> list[str]:
     """Names of the nn.Linear modules a bitsandbytes quantization replaces: all but the output
-    head, in module order (layer by layer)."""
+    head, in module order (layer by layer). transformers 5.23's `replace_with_bnb_linear` takes
+    `type(module) is nn.Linear`: a subclass (Llama-4's Llama4Router) stays unquantized."""
     import torch
 
     head = model.get_output_embeddings()
     return [name for name, mod in model.named_modules()
-            if isinstance(mod, torch.nn.Linear) and mod is not head]
+            if type(mod) is torch.nn.Linear and mod is not head]
 
 
 def _build_quantized(model, w: Workload, device: str) -> None:
