@@ -71,6 +71,10 @@ _LAYOUTS = {
             "model.embed_tokens"),
 }
 _LAYOUTS["glm4"] = _LAYOUTS["glm"]
+# Starcoder2MLP: c_fc, c_proj (a GELU MLP); Starcoder2Attention's q/k/v/o_proj
+_LAYOUTS["starcoder2"] = ("model.layers.{}.", {**{k: v for k, v in _LLAMA_NAMES.items() if k.startswith("self_attn.")},
+                                               "mlp.c_fc": ("up_proj",), "mlp.c_proj": ("down_proj",)},
+                          "model.embed_tokens")
 _DEFAULT_LAYOUT = ("model.layers.{}.", _LLAMA_NAMES, "model.embed_tokens")
 # vision-language models: the language model under model.language_model (Qwen2.5-VL, Qwen3-VL)
 for _vl in ("qwen2_5_vl", "qwen3_vl"):
@@ -183,7 +187,7 @@ _MOE_MAPPING = {
 }
 # transformers 5.23 `conversion_mapping._MODEL_TO_CONVERSION_PATTERN` gives these the qwen2_moe pattern too (peft
 # reads that table); each is checked against peft in tests/test_lora_targets.py through its catalog entry
-for _model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe", "qwen3_next"):
+for _model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe", "qwen3_next", "olmoe", "ernie4_5_moe"):
     _MOE_MAPPING[_model_type] = _MOE_MAPPING["qwen3_moe"]
 
 
