@@ -685,7 +685,8 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
     to all heads for GQA) and the output; eager adds its 4-D mask row and the scores while softmax
     runs: the masked scores, the fp32 copy softmax(dtype=float32) makes and its fp32 output (a
     plain softmax: input and output in the compute dtype). Under AMP the mask is fp32 (the
-    hidden states' dtype), so the masked scores already are: 4 + 4 B per score."""
+    hidden states' dtype), so the masked scores already are: 4 + 4 B per score. Attention sinks
+    (GPT-OSS) keep the masked scores beside the concatenated logits and the softmax."""
     spec = key.model
     compute, q_dim, kv_dim = dtypes(key).compute, spec.q_dim, spec.kv_dim
     if key.attn != "eager":
@@ -696,6 +697,10 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
         scores = 8
     else:
         scores = 2 * compute if spec.model_type in _PLAIN_SOFTMAX else compute + 8
+    if spec.attention_sinks:
+        # GPT-OSS's eager_attention_forward: the masked scores stay referenced while the sink column
+        # is concatenated, the row max subtracted and the softmax taken: one more score-sized tensor
+        scores += 4 if key.amp else compute
     return compute * (2 * q_dim + 2 * k_heads) + (mask + scores * spec.num_heads) * kv_tokens
 
 
