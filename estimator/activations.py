@@ -41,14 +41,14 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from estimator import dora
-from estimator.lora_targets import trained_roles
+from estimator.lora_targets import expert_targets, trained_roles
 from estimator.model import ModelSpec
 from estimator.regimes import regime
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
-# q made contiguous per head by torch.cat (partial rotary: Phi, GPT-NeoX, StableLM, GLM-4)
-_PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4")
+# q made contiguous per head by torch.cat (partial rotary: Phi, GPT-NeoX, StableLM, GLM-4, GLM-4.5)
+_PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
@@ -94,6 +94,8 @@ class ActivationKey(NamedTuple):
     lora_adapters: int = 0     # LoRA adapters per decoder layer (estimator.lora_targets)
     loss: str = "hf"           # how the loss is computed (Workload.loss)
     dora: tuple = ()           # DoRA: (output features of the adapted linears per layer, o_proj's share)
+    # fused expert parameters peft targets (ParamWrapper: "gate_up_proj", "down_proj"), estimator.lora_targets
+    expert_adapters: tuple = ()
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -102,14 +104,16 @@ def activation_key(w: Workload) -> ActivationKey:
     half module compute in half with no autocast casts)."""
     rg = regime(w)
     precision = rg.activation_precision
-    roles, adapters, dora_outs = ((), 0, ())
+    roles, adapters, dora_outs, experts = ((), 0, (), ())
     if w.method in ("lora", "qlora"):
         roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
+        experts = expert_targets(w.model, w.lora_targets)
         if w.dora:
             dora_outs = dora.per_layer_outs(w.model, w.lora_targets)
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
-                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs)
+                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs,
+                         experts)
 
 
 def dora_dtypes(key: ActivationKey) -> dora.DoraDtypes:
@@ -405,11 +409,16 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
     spec = key.model
     if spec.model_type in _DENSE_EXPERTS:
         return _dense_experts(key, dt)
-    compute, hidden, chosen = dt.compute, spec.hidden_size, spec.experts_per_token
-    experts = chosen * _mlp(key, dt, spec.moe_intermediate_size)
-    if _trains(key, "gate_proj") or _trains(key, "up_proj"):
-        # the routed input, for the expert weights' gradients
-        experts += chosen * compute * hidden if key.method == "full" else 0
+    compute, hidden, chosen, width = dt.compute, spec.hidden_size, spec.experts_per_token, spec.moe_intermediate_size
+    saves = _activation_saves(spec, dt)[0]
+    # per chosen expert (grouped_mm): gate/up output, activation, product; a grouped_mm saves its input
+    # when its weight requires grad: the full fine-tune's, or a LoRA on the fused parameter (peft's
+    # ParamWrapper adds the delta weight to it, so the parameter's gradient flows)
+    experts = chosen * (saves + 2 * dt.linear_out) * width
+    if key.method == "full" or "down_proj" in key.expert_adapters:
+        experts += chosen * dt.linear_out * width                          # the product, down_proj's input
+    if key.method == "full" or "gate_up_proj" in key.expert_adapters:
+        experts += chosen * compute * hidden                               # the routed input
     experts += chosen * compute * hidden                                  # expert outputs x routing weights
     router = _router(key, dt)
     shared = 0
@@ -460,9 +469,20 @@ def _router(key: ActivationKey, dt: Dtypes) -> int:
 def layer_fixed_bytes(key: ActivationKey) -> int:
     """Bytes one decoder layer saves whatever the token count: an fp32 router's fp32 cast of its
     half-precision weight (experts x hidden), saved for the input gradient (training); DoRA's three
-    vectors per adapted linear (the weight norm, mag_norm_scale and mag_norm_scale - 1)."""
+    vectors per adapted linear (the weight norm, mag_norm_scale and mag_norm_scale - 1); a LoRA on
+    fused expert parameters: the parametrized weight W + delta (peft 0.21.2 ParamWrapper through
+    torch.nn.utils.parametrize, in the parameter's dtype), which the grouped_mm saves."""
     fixed = round(3 * key.adapter_bytes * key.dora[0]) if key.dora else 0
-    return fixed + _router_weight_cast(key)
+    return fixed + _router_weight_cast(key) + _expert_delta_weights(key)
+
+
+def _expert_delta_weights(key: ActivationKey) -> int:
+    spec = key.model
+    if not key.expert_adapters or not key.training:
+        return 0
+    shapes = {"gate_up_proj": 2 * spec.moe_intermediate_size, "down_proj": spec.moe_intermediate_size}
+    per_layer = sum(shapes[p] for p in key.expert_adapters) * spec.hidden_size * spec.num_experts
+    return dtypes(key).compute * per_layer * spec.num_moe_layers // spec.num_layers   # mean per layer
 
 
 def _router_weight_cast(key: ActivationKey) -> int:

@@ -286,11 +286,19 @@ def adapter_shapes(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[int
 
 
 @lru_cache(maxsize=1024)
+def expert_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The fused expert parameters ("gate_up_proj", "down_proj") peft's conversion targets, sorted."""
+    if spec.model_type not in _MOE_MAPPING:
+        return ()
+    return tuple(sorted({s.name.rpartition(".")[2] for s in matched(spec, targets) if s.kind == "experts"}))
+
+
 def trained_roles(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
     """(roles with an adapter in the decoder layers or on lm_head, adapters per layer): what the
     activation formulas read."""
     found = matched(spec, targets)
-    roles = tuple(sorted({r for s in found for r in s.roles if s.kind != "embedding"}))
+    # fused expert parameters are not linears: what their LoRA saves follows `expert_targets`
+    roles = tuple(sorted({r for s in found for r in s.roles if s.kind not in ("embedding", "experts")}))
     layer_adapters = sum(1 for s in found if s.kind == "linear" and s.roles[0] in ALL_LINEAR)
     return roles, round(layer_adapters / max(spec.num_layers, 1))
 
