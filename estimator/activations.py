@@ -443,7 +443,8 @@ def _dense_experts(key: ActivationKey, dt: Dtypes) -> int:
     full = key.method == "full"
     saves = _activation_saves(spec, dt)[0]
     routed = experts * ((saves + 2 * c) * width + (c * width if full else 0))
-    routed += experts * (c * hidden + c) + (experts * c * hidden if full else 0)
+    # the repeated input has the hidden states' dtype (fp32 under AMP or kbit preparation)
+    routed += experts * (dt.residual * hidden + c) + (experts * c * hidden if full else 0)
     router = 4 * experts + 2 * _INDEX_BYTES * spec.experts_per_token
     return routed + router + _mlp(key, dt, spec.shared_expert_intermediate_size)
 
