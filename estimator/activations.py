@@ -276,9 +276,10 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
     if spec.qkv_clip:
         # OlmoAttention clamps q, k and v in place (clamp_): autograd keeps a copy of each as it was
         total += dt.linear_out * (q_dim + 2 * kv_dim)
-    if spec.model_type in _FP32_QK_EAGER and key.attn == "eager":
+    if spec.model_type in _FP32_QK_EAGER and key.attn == "eager" and not dt.autocast:
         # GPTJAttention._attn: query.to(float32), key.to(float32) before the score matmul, which saves
-        # them (the sin/cos tables its rotary saves, 4 x rotary_dim per token, are not counted)
+        # them (the sin/cos tables its rotary saves, 4 x rotary_dim per token, are not counted); under
+        # autocast (AMP, kbit preparation) the matmul casts them back and saves those half casts
         total += (4 - compute) * (q_dim + kv_dim)
     if spec.qk_norm and spec.model_type in _PER_HEAD_LAYERNORM:
         # StableLmLayerNormPerHead: nn.LayerNorm per head over split views of q/k_proj's output (kept
