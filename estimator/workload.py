@@ -208,7 +208,8 @@ def _check_experts(w: Workload) -> None:
     """transformers 5.23 runs fused MoE experts through grouped_mm (integrations/moe.py), which
     takes bf16 only: experts in fp32 (an fp32 or AMP model, or kbit preparation's upcast of the
     unquantized fused experts under QLoRA) or fp16 fail in the real step (issue 16 item 9)."""
-    if not w.model.is_moe or w.model.model_type == "llama4_text":   # Llama4TextExperts: torch.bmm, any dtype
+    # Llama4TextExperts: torch.bmm, any dtype; a config whose layers are all dense builds no experts
+    if not w.model.is_moe or not w.model.num_moe_layers or w.model.model_type == "llama4_text":
         return
     from estimator.regimes import kbit_preparation_runs
 

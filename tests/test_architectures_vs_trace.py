@@ -30,7 +30,7 @@ LOOSER = {
 }
 # QLoRA's kbit preparation upcasts the fused (unquantized) experts to fp32, which transformers 5.23's
 # grouped_mm refuses: the estimator refuses QLoRA (with kbit preparation) on every grouped-experts MoE
-_GROUPED_MOE = ("deepseek_v3-moe", "deepseek_v3-dense", "deepseek_v2-lite", "qwen3_next", "gpt_oss", "glm4_moe",
+_GROUPED_MOE = ("deepseek_v3-moe", "deepseek_v2-lite", "qwen3_next", "gpt_oss", "glm4_moe",
                 "olmoe", "granitemoe", "phimoe", "ernie4_5_moe")
 REFUSED = {(name, "qlora"): "grouped_mm" for name in _GROUPED_MOE}
 CASES = [(name, method) for name in FAMILIES for method in METHODS]
