@@ -101,7 +101,7 @@ def family_summary(rows: list, refused: list) -> dict:
         name = r.configuration.rsplit(" ", 1)[0]
         e = max(abs(r.peak_error), abs(r.saved_error or 0.0))
         worst[name] = max(worst.get(name, 0.0), e)
-    return {"rows": len(rows), "refused": len(refused),
+    return {"traced": len(rows), "refused": len(refused),
             "peak_allocated": summary([r.peak_error for r in rows]),
             "saved_activations": summary([r.saved_error for r in rows if r.saved_error is not None]),
             "worst_by_family": worst}
@@ -113,7 +113,7 @@ def print_family_summary(s: dict) -> None:
         v = s[key]
         print(f"families {name:<22} n={v['n']:<4} median |error| {100 * v['median_abs']:.2f}%   "
               f"worst {100 * v['worst_abs']:.2f}%   under-estimates {100 * v['under_rate']:.0f}%")
-    print(f"families: {s['rows']} rows traced, {s['refused']} refused (not counted)")
+    print(f"families: {s['traced']} rows traced, {s['refused']} refused (not counted)")
     print("worst |error| by family: " + ", ".join(f"{n} {100 * e:.2f}%" for n, e in s["worst_by_family"].items()))
 
 
