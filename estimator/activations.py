@@ -41,14 +41,14 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from estimator import dora
-from estimator.lora_targets import trained_roles
+from estimator.lora_targets import expert_targets, trained_roles
 from estimator.model import ModelSpec
 from estimator.regimes import regime
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
-# q made contiguous per head by torch.cat (partial rotary: Phi, GPT-NeoX, StableLM, GLM-4)
-_PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4")
+# q made contiguous per head by torch.cat (partial rotary: Phi, GPT-NeoX, StableLM, GLM-4, GLM-4.5)
+_PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
@@ -69,6 +69,8 @@ _FP32_ROUTER = ("deepseek_v2", "deepseek_v3", "glm4_moe", "ernie4_5_moe")
 _FP32_ROUTER_WEIGHT = ("ernie4_5_moe",)
 # sigmoid scores, top-k weights renormalised in place (norm_topk_prob, default True): DeepSeek-V3, GLM-4.5
 _SIGMOID_ROUTER = ("deepseek_v3", "glm4_moe")
+# every expert runs every token, scaled by its router score (Llama4TextMoe: torch.bmm over all experts)
+_DENSE_EXPERTS = ("llama4_text",)
 
 
 class ActivationKey(NamedTuple):
@@ -92,6 +94,8 @@ class ActivationKey(NamedTuple):
     lora_adapters: int = 0     # LoRA adapters per decoder layer (estimator.lora_targets)
     loss: str = "hf"           # how the loss is computed (Workload.loss)
     dora: tuple = ()           # DoRA: (output features of the adapted linears per layer, o_proj's share)
+    # fused expert parameters peft targets (ParamWrapper: "gate_up_proj", "down_proj"), estimator.lora_targets
+    expert_adapters: tuple = ()
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -100,14 +104,16 @@ def activation_key(w: Workload) -> ActivationKey:
     half module compute in half with no autocast casts)."""
     rg = regime(w)
     precision = rg.activation_precision
-    roles, adapters, dora_outs = ((), 0, ())
+    roles, adapters, dora_outs, experts = ((), 0, (), ())
     if w.method in ("lora", "qlora"):
         roles, adapters = trained_roles(w.model, w.lora_targets)   # the roles peft's matching gives adapters
+        experts = expert_targets(w.model, w.lora_targets)
         if w.dora:
             dora_outs = dora.per_layer_outs(w.model, w.lora_targets)
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
-                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs)
+                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs,
+                         experts)
 
 
 def dora_dtypes(key: ActivationKey) -> dora.DoraDtypes:
@@ -270,18 +276,29 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
     if spec.qkv_clip:
         # OlmoAttention clamps q, k and v in place (clamp_): autograd keeps a copy of each as it was
         total += dt.linear_out * (q_dim + 2 * kv_dim)
-    if spec.model_type in _FP32_QK_EAGER and key.attn == "eager":
+    if spec.model_type in _FP32_QK_EAGER and key.attn == "eager" and not dt.autocast:
         # GPTJAttention._attn: query.to(float32), key.to(float32) before the score matmul, which saves
-        # them (the sin/cos tables its rotary saves, 4 x rotary_dim per token, are not counted)
+        # them (the sin/cos tables its rotary saves, 4 x rotary_dim per token, are not counted); under
+        # autocast (AMP, kbit preparation) the matmul casts them back and saves those half casts
         total += (4 - compute) * (q_dim + kv_dim)
     if spec.qk_norm and spec.model_type in _PER_HEAD_LAYERNORM:
         # StableLmLayerNormPerHead: nn.LayerNorm per head over split views of q/k_proj's output (kept
         # whole) with an fp32 mean and rstd per head; the normalized heads are a new tensor (cat)
         total += dt.linear_out * (q_dim + kv_dim) + 8 * (spec.num_heads + spec.num_kv_heads)
+    elif spec.qk_norm and spec.norm == "layer_nobias":
+        # Cohere's q/k norms are CohereLayerNorm over each head (norm_bytes: x - mean computed twice
+        # in fp32, an fp32 rsqrt per head row, the fp32 normalized heads when the weight trains)
+        total += 8 * (q_dim + kv_dim) + 4 * (spec.num_heads + spec.num_kv_heads) \
+            + (4 * (q_dim + kv_dim) if key.method == "full" else 0)
     elif spec.qk_norm:
         heads = 1 + 1 if spec.qk_norm_full else spec.num_heads + spec.num_kv_heads  # rsqrt rows
         normed = 4 if spec.model_type in _FP32_NORM_WEIGHT else dt.residual
         total += 4 * (q_dim + kv_dim) + 4 * heads + (normed * (q_dim + kv_dim) if key.method == "full" else 0)
+    if spec.qk_l2_norm_layers:
+        # Llama4TextL2Norm on the rotary layers: x.float() saved (pow, mul) and an fp32 rsqrt per head
+        # row; averaged over the layers
+        per_layer = 4 * (q_dim + kv_dim) + 4 * (spec.num_heads + spec.num_kv_heads)
+        total += round(per_layer * spec.qk_l2_norm_layers / spec.num_layers)
     if _dropout(spec, "resid"):
         total += spec.hidden_size
     return total
@@ -391,11 +408,18 @@ def _mlp(key: ActivationKey, dt: Dtypes, width: int) -> int:
 def _moe(key: ActivationKey, dt: Dtypes) -> int:
     """Saved by one MoE block per token (its input excluded)."""
     spec = key.model
-    compute, hidden, chosen = dt.compute, spec.hidden_size, spec.experts_per_token
-    experts = chosen * _mlp(key, dt, spec.moe_intermediate_size)
-    if _trains(key, "gate_proj") or _trains(key, "up_proj"):
-        # the routed input, for the expert weights' gradients
-        experts += chosen * compute * hidden if key.method == "full" else 0
+    if spec.model_type in _DENSE_EXPERTS:
+        return _dense_experts(key, dt)
+    compute, hidden, chosen, width = dt.compute, spec.hidden_size, spec.experts_per_token, spec.moe_intermediate_size
+    saves = _activation_saves(spec, dt)[0]
+    # per chosen expert (grouped_mm): gate/up output, activation, product; a grouped_mm saves its input
+    # when its weight requires grad: the full fine-tune's, or a LoRA on the fused parameter (peft's
+    # ParamWrapper adds the delta weight to it, so the parameter's gradient flows)
+    experts = chosen * (saves + 2 * dt.linear_out) * width
+    if key.method == "full" or "down_proj" in key.expert_adapters:
+        experts += chosen * dt.linear_out * width                          # the product, down_proj's input
+    if key.method == "full" or "gate_up_proj" in key.expert_adapters:
+        experts += chosen * compute * hidden                               # the routed input
     experts += chosen * compute * hidden                                  # expert outputs x routing weights
     router = _router(key, dt)
     shared = 0
@@ -404,6 +428,26 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
         if spec.shared_expert_gate:
             shared += compute * hidden + compute        # shared output x sigmoid(gate)
     return experts + router + shared
+
+
+def _dense_experts(key: ActivationKey, dt: Dtypes) -> int:
+    """Llama-4's MoE block per token (transformers 5.23 Llama4TextMoe): every expert runs every
+    token, pre-scaled by its router score (zero off the top-k): the input repeated once per expert
+    times the scores' column (both saved by the product), the scaled input (for gate_up_proj's
+    gradient, full fine-tune), then per expert a gated MLP by torch.bmm: the gate/up output (kept
+    by the activation and the product), the activation and the product (down_proj's gradient, full
+    fine-tune). Llama4Router: an nn.Linear whose top-k values are scattered into a -inf row, then an
+    fp32 sigmoid (saved output) cast back; topk and scatter keep their int64 indices. The shared
+    expert is a plain gated MLP."""
+    spec = key.model
+    c, hidden, experts, width = dt.compute, spec.hidden_size, spec.num_experts, spec.moe_intermediate_size
+    full = key.method == "full"
+    saves = _activation_saves(spec, dt)[0]
+    routed = experts * ((saves + 2 * c) * width + (c * width if full else 0))
+    # the repeated input has the hidden states' dtype (fp32 under AMP or kbit preparation)
+    routed += experts * (dt.residual * hidden + c) + (experts * c * hidden if full else 0)
+    router = 4 * experts + 2 * _INDEX_BYTES * spec.experts_per_token
+    return routed + router + _mlp(key, dt, spec.shared_expert_intermediate_size)
 
 
 def _router(key: ActivationKey, dt: Dtypes) -> int:
@@ -427,9 +471,20 @@ def _router(key: ActivationKey, dt: Dtypes) -> int:
 def layer_fixed_bytes(key: ActivationKey) -> int:
     """Bytes one decoder layer saves whatever the token count: an fp32 router's fp32 cast of its
     half-precision weight (experts x hidden), saved for the input gradient (training); DoRA's three
-    vectors per adapted linear (the weight norm, mag_norm_scale and mag_norm_scale - 1)."""
+    vectors per adapted linear (the weight norm, mag_norm_scale and mag_norm_scale - 1); a LoRA on
+    fused expert parameters: the parametrized weight W + delta (peft 0.21.2 ParamWrapper through
+    torch.nn.utils.parametrize, in the parameter's dtype), which the grouped_mm saves."""
     fixed = round(3 * key.adapter_bytes * key.dora[0]) if key.dora else 0
-    return fixed + _router_weight_cast(key)
+    return fixed + _router_weight_cast(key) + _expert_delta_weights(key)
+
+
+def _expert_delta_weights(key: ActivationKey) -> int:
+    spec = key.model
+    if not key.expert_adapters or not key.training:
+        return 0
+    shapes = {"gate_up_proj": 2 * spec.moe_intermediate_size, "down_proj": spec.moe_intermediate_size}
+    per_layer = sum(shapes[p] for p in key.expert_adapters) * spec.hidden_size * spec.num_experts
+    return dtypes(key).compute * per_layer * spec.num_moe_layers // spec.num_layers   # mean per layer
 
 
 def _router_weight_cast(key: ActivationKey) -> int:
@@ -652,7 +707,8 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
     to all heads for GQA) and the output; eager adds its 4-D mask row and the scores while softmax
     runs: the masked scores, the fp32 copy softmax(dtype=float32) makes and its fp32 output (a
     plain softmax: input and output in the compute dtype). Under AMP the mask is fp32 (the
-    hidden states' dtype), so the masked scores already are: 4 + 4 B per score."""
+    hidden states' dtype), so the masked scores already are: 4 + 4 B per score. Attention sinks
+    (GPT-OSS) keep the masked scores beside the concatenated logits and the softmax."""
     spec = key.model
     compute, q_dim, kv_dim = dtypes(key).compute, spec.q_dim, spec.kv_dim
     if key.attn != "eager":
@@ -663,6 +719,10 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
         scores = 8
     else:
         scores = 2 * compute if spec.model_type in _PLAIN_SOFTMAX else compute + 8
+    if spec.attention_sinks:
+        # GPT-OSS's eager_attention_forward: the masked scores stay referenced while the sink column
+        # is concatenated, the row max subtracted and the softmax taken: one more score-sized tensor
+        scores += 4 if key.amp else compute
     return compute * (2 * q_dim + 2 * k_heads) + (mask + scores * spec.num_heads) * kv_tokens
 
 
@@ -726,6 +786,13 @@ def _inference_moe_bytes_per_token(key: ActivationKey, compute: int) -> int:
     expert beside the experts' summed output."""
     spec, hidden = key.model, key.model.hidden_size
     mt = spec.model_type
+    if mt in _DENSE_EXPERTS:
+        # Llama4TextMoe: the repeated input and its scaled copy, then per expert the gate/up output,
+        # activation and product beside the bmm output; then the routed output and the scaled input
+        # (still referenced) beside the shared expert
+        e, width = spec.num_experts, spec.moe_intermediate_size
+        return max(e * compute * (2 * hidden + 4 * width),
+                   e * compute * 2 * hidden + compute * (hidden + 3 * spec.shared_expert_intermediate_size))
     routing = 4 if mt in _FP32_ROUTER and mt not in _FP32_ROUTER_WEIGHT else compute
     width = spec.moe_intermediate_size
     experts = spec.experts_per_token * max(compute * (hidden + 3 * width), hidden * (2 * compute + 2 * routing))

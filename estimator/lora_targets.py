@@ -71,6 +71,10 @@ _LAYOUTS = {
             "model.embed_tokens"),
 }
 _LAYOUTS["glm4"] = _LAYOUTS["glm"]
+# Starcoder2MLP: c_fc, c_proj (a GELU MLP); Starcoder2Attention's q/k/v/o_proj
+_LAYOUTS["starcoder2"] = ("model.layers.{}.", {**{k: v for k, v in _LLAMA_NAMES.items() if k.startswith("self_attn.")},
+                                               "mlp.c_fc": ("up_proj",), "mlp.c_proj": ("down_proj",)},
+                          "model.embed_tokens")
 _DEFAULT_LAYOUT = ("model.layers.{}.", _LLAMA_NAMES, "model.embed_tokens")
 # vision-language models: the language model under model.language_model (Qwen2.5-VL, Qwen3-VL)
 for _vl in ("qwen2_5_vl", "qwen3_vl"):
@@ -183,7 +187,7 @@ _MOE_MAPPING = {
 }
 # transformers 5.23 `conversion_mapping._MODEL_TO_CONVERSION_PATTERN` gives these the qwen2_moe pattern too (peft
 # reads that table); each is checked against peft in tests/test_lora_targets.py through its catalog entry
-for _model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe", "qwen3_next"):
+for _model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe", "qwen3_next", "olmoe", "ernie4_5_moe"):
     _MOE_MAPPING[_model_type] = _MOE_MAPPING["qwen3_moe"]
 
 
@@ -282,11 +286,19 @@ def adapter_shapes(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[int
 
 
 @lru_cache(maxsize=1024)
+def expert_targets(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[str, ...]:
+    """The fused expert parameters ("gate_up_proj", "down_proj") peft's conversion targets, sorted."""
+    if spec.model_type not in _MOE_MAPPING:
+        return ()
+    return tuple(sorted({s.name.rpartition(".")[2] for s in matched(spec, targets) if s.kind == "experts"}))
+
+
 def trained_roles(spec: ModelSpec, targets: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
     """(roles with an adapter in the decoder layers or on lm_head, adapters per layer): what the
     activation formulas read."""
     found = matched(spec, targets)
-    roles = tuple(sorted({r for s in found for r in s.roles if s.kind != "embedding"}))
+    # fused expert parameters are not linears: what their LoRA saves follows `expert_targets`
+    roles = tuple(sorted({r for s in found for r in s.roles if s.kind not in ("embedding", "experts")}))
     layer_adapters = sum(1 for s in found if s.kind == "linear" and s.roles[0] in ALL_LINEAR)
     return roles, round(layer_adapters / max(spec.num_layers, 1))
 

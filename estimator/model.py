@@ -80,7 +80,10 @@ class ModelSpec:
     vision_params: int = 0
     # its nn.Linear modules as (name with {} for the block index, d_in, d_out, blocks): LoRA sites
     vision_linears: tuple[tuple[str, int, int, int], ...] = ()
-    qkv_clip: bool = False         # q, k, v clamped in place (OLMo `clip_qkv`); kept last (fingerprint)
+    qkv_clip: bool = False         # q, k, v clamped in place (OLMo `clip_qkv`)
+    # layers with a weightless fp32 L2 norm on q and k after the rotary (Llama-4's Llama4TextL2Norm on
+    # its rotary layers when use_qk_norm)
+    qk_l2_norm_layers: int = 0
 
     def __hash__(self) -> int:
         # Specs are dictionary keys of every cache; hashing 30 fields each time costs more than
@@ -208,7 +211,8 @@ class ModelSpec:
 
 # fields added after ids were first stored (estimator.model.ModelSpec.fingerprint): qkv_clip last
 _LATER_FIELDS = ("linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                 "linear_conv_kernel", "attn_output_gate", "vision_params", "vision_linears", "qkv_clip")
+                 "linear_conv_kernel", "attn_output_gate", "vision_params", "vision_linears", "qk_l2_norm_layers",
+                 "qkv_clip")
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelSpec)}
 
 
@@ -612,6 +616,7 @@ def _from_llama4_text(cfg: dict, name: str) -> ModelSpec:
         head_dim=_get(cfg, "head_dim", 128), num_experts=_get(cfg, "num_local_experts", 16),
         experts_per_token=_get(cfg, "num_experts_per_tok", 1), moe_intermediate_size=width,
         shared_expert_intermediate_size=width, moe_layer_flags=tuple(i in moe_layers for i in range(layers)),
+        qk_l2_norm_layers=sum(no_rope) if _get(cfg, "use_qk_norm", True) else 0,
         layer_types=tuple("sliding" if t == "chunked_attention" else "full" for t in types),
         sliding_window=chunk if chunk and "chunked_attention" in types else None)
 

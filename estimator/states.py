@@ -148,7 +148,7 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
     parameters, which stay unquantized. Training on a quantized base through peft's
     prepare_model_for_kbit_training upcasts every non-quantized parameter (embeddings, norms,
     lm_head, experts) to fp32 whatever the precision; without it (and for inference) they stay
-    as loaded (`Regime.other_bytes`).
+    as loaded (`Regime.other_bytes`). A vision tower's linears are quantized with the decoder's.
     """
     base = _base_dtype_bytes(key)
     if key.quant == "none":
@@ -157,6 +157,11 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
     dense = [lin for lin in params.linears if not lin.expert]
     quantized = sum(lin.weight_params for lin in dense) * fraction
     rows = sum(lin.d_out * lin.count for lin in dense) * fraction
+    # a vision-language model's vision tower: its nn.Linear modules are quantized too (transformers
+    # 5.23 replace_with_bnb_linear leaves out only lm_head, tied and last parameters), whole on one GPU
+    vision = key.model.vision_linears
+    quantized += sum(d_in * d_out * n for _, d_in, d_out, n in vision)
+    rows += sum(d_out * n for _, _, d_out, n in vision)
     other = key.regime.other_bytes
     return _quantized_linear_bytes(key, quantized, rows) + (sizes.total - quantized) * other
 

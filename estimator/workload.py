@@ -19,7 +19,7 @@ PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor")
 ADAMW_IMPLS = ("fused", "foreach", "single")
 ATTENTIONS = ("eager", "sdpa", "flash")
-NO_SDPA = ("gptj",)   # model_types transformers 5.23 builds with eager or flash_attention_2 only
+NO_SDPA = ("gptj", "gpt_oss")   # model_types transformers 5.23 builds with eager or flash_attention_2 only (_supports_sdpa = False)
 QUANTS = ("none", "int8", "nf4", "fp4")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -208,7 +208,8 @@ def _check_experts(w: Workload) -> None:
     """transformers 5.23 runs fused MoE experts through grouped_mm (integrations/moe.py), which
     takes bf16 only: experts in fp32 (an fp32 or AMP model, or kbit preparation's upcast of the
     unquantized fused experts under QLoRA) or fp16 fail in the real step (issue 16 item 9)."""
-    if not w.model.is_moe or w.model.model_type == "llama4_text":   # Llama4TextExperts: torch.bmm, any dtype
+    # Llama4TextExperts: torch.bmm, any dtype; a config whose layers are all dense builds no experts
+    if not w.model.is_moe or not w.model.num_moe_layers or w.model.model_type == "llama4_text":
         return
     from estimator.regimes import kbit_preparation_runs
 

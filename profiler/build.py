@@ -147,14 +147,15 @@ def build_model(cfg: dict, w: Workload, device: str):
     the full-precision model never exists on the device.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     check_packages(w)
     config = hf_config(cfg, w)
     quantized = w.quant != "none"
+    # a vision-language model (its vision tower counted in the spec) builds as transformers loads it
+    auto = AutoModelForImageTextToText if w.model.vision_params else AutoModelForCausalLM
     with torch.device("meta" if quantized else device):
-        model = AutoModelForCausalLM.from_config(config, dtype=weight_dtype(w),
-                                                 attn_implementation=_ATTN[w.attn])
+        model = auto.from_config(config, dtype=weight_dtype(w), attn_implementation=_ATTN[w.attn])
     if quantized:
         _build_quantized(model, w, device)
     if regime(w).liger:   # what the HF Trainer does with use_liger_kernel=True
@@ -191,12 +192,13 @@ def _convert_to_float8(model) -> None:
 
 def quantized_linear_names(model) -> list[str]:
     """Names of the nn.Linear modules a bitsandbytes quantization replaces: all but the output
-    head, in module order (layer by layer)."""
+    head, in module order (layer by layer). transformers 5.23's `replace_with_bnb_linear` takes
+    `type(module) is nn.Linear`: a subclass (Llama-4's Llama4Router) stays unquantized."""
     import torch
 
     head = model.get_output_embeddings()
     return [name for name, mod in model.named_modules()
-            if isinstance(mod, torch.nn.Linear) and mod is not head]
+            if type(mod) is torch.nn.Linear and mod is not head]
 
 
 def _build_quantized(model, w: Workload, device: str) -> None:

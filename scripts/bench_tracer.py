@@ -5,17 +5,25 @@
     python scripts/bench_tracer.py --subset   # the configurations the test suite checks
     python scripts/bench_tracer.py --json     # rows and summaries as JSON
     python scripts/bench_tracer.py --match dora --no-7b   # the configurations whose label has "dora"
+    python scripts/bench_tracer.py --families  # only the newer families (profiler/trace/families.py)
 
 For every configuration: the traced peak_allocated_bytes (profiler.trace, fake tensors, layer
 extrapolation), the raw estimate (estimator.memory, no calibration), their relative error, and the
 same for the activations autograd saves for the backward (training). Then one 7B-class training
 step traced in a fresh process: trace seconds, process wall seconds and peak resident memory
 (targets: under 10 s and 2 GB).
+
+The family section (in the default run, or alone with --families): every family of
+profiler/trace/families.py traced whole at 2 x 256 tokens for a full fine-tune, LoRA, QLoRA and
+inference, one row each; a combination the estimator refuses on purpose prints `refused: <reason>`
+and is not counted. Then the median and worst |error| over the family rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -27,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # imports): the scripts folder leaves the import path, the repository root takes its place.
 sys.path[:] = [ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "scripts")]
 
+from profiler.trace.families import FAMILIES, METHODS, compare_family  # noqa: E402
 from profiler.trace.grid import TEST_SUBSET, compare, describe, grid, summary  # noqa: E402
 
 MiB = 2**20
@@ -63,6 +72,51 @@ def run_grid(cases) -> list:
     return rows
 
 
+def run_families(names=None) -> tuple[list, list]:
+    """The family section: one row per family x method; refusals (name, method, reason) apart."""
+    rows, refused = [], []
+    print(f"{'family x method':<58}{'traced MiB':>11}{'est MiB':>10}{'error':>9}  "
+          f"{'saved MiB':>10}{'est MiB':>10}{'error':>9}{'trace s':>9}", flush=True)
+    for name in names or FAMILIES:
+        for method in METHODS:
+            r = compare_family(name, method)
+            if isinstance(r, str):
+                refused.append((name, method, r))
+                print(f"{name + ' ' + method:<58}refused: {r}", flush=True)
+                continue
+            rows.append(r)
+            print(f"{r.configuration:<58}{r.traced_peak / MiB:>11.1f}{r.estimated_peak / MiB:>10.1f}"
+                  f"{_pct(r.peak_error):>9}  {_mib1(r.traced_saved):>10}{_mib1(r.estimated_saved):>10}"
+                  f"{_pct(r.saved_error):>9}{r.trace_s:>9.1f}", flush=True)
+    return rows, refused
+
+
+def _mib1(x: int | None) -> str:
+    return "" if x is None else f"{x / MiB:10.1f}"
+
+
+def family_summary(rows: list, refused: list) -> dict:
+    worst = {}
+    for r in rows:
+        name = r.configuration.rsplit(" ", 1)[0]
+        e = max(abs(r.peak_error), abs(r.saved_error or 0.0))
+        worst[name] = max(worst.get(name, 0.0), e)
+    return {"traced": len(rows), "refused": len(refused),
+            "peak_allocated": summary([r.peak_error for r in rows]),
+            "saved_activations": summary([r.saved_error for r in rows if r.saved_error is not None]),
+            "worst_by_family": worst}
+
+
+def print_family_summary(s: dict) -> None:
+    print()
+    for name, key in (("peak_allocated_bytes", "peak_allocated"), ("saved activations", "saved_activations")):
+        v = s[key]
+        print(f"families {name:<22} n={v['n']:<4} median |error| {100 * v['median_abs']:.2f}%   "
+              f"worst {100 * v['worst_abs']:.2f}%   under-estimates {100 * v['under_rate']:.0f}%")
+    print(f"families: {s['traced']} rows traced, {s['refused']} refused (not counted)")
+    print("worst |error| by family: " + ", ".join(f"{n} {100 * e:.2f}%" for n, e in s["worst_by_family"].items()))
+
+
 def seven_b() -> dict:
     """Trace a 7B-class training step in a fresh Python process (imports included in process_s)."""
     model, settings = SEVEN_B
@@ -79,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-7b", action="store_true", help="skip the 7B timing")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--match", metavar="TEXT", help="only the configurations whose label contains TEXT (e.g. dora)")
+    p.add_argument("--families", action="store_true",
+                   help="only the family section (profiler/trace/families.py: full, LoRA, QLoRA, inference)")
     args = p.parse_args(argv)
+    if args.families:
+        return _families_only(args)
     cases = list(TEST_SUBSET) if args.subset else grid()
     if args.match:
         cases = [c for c in cases if args.match.lower() in describe(c).lower()]
@@ -88,8 +146,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     start = time.perf_counter()
     if args.json:
-        import contextlib
-        import io
         with contextlib.redirect_stdout(io.StringIO()):
             rows = run_grid(cases)
     else:
@@ -98,6 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     saved = summary([r.saved_error for r in rows if r.saved_error is not None])
     result = {"configurations": len(rows), "grid_s": time.perf_counter() - start,
               "peak_allocated": peak, "saved_activations": saved, "rows": [r.to_dict() for r in rows]}
+    families = args.subset is False and args.match is None
+    if families:
+        if args.json:
+            with contextlib.redirect_stdout(io.StringIO()):
+                frows, refused = run_families()
+        else:
+            print()
+            frows, refused = run_families()
+        result["families"] = dict(family_summary(frows, refused), refusals=refused,
+                                  rows=[r.to_dict() for r in frows])
     if not args.no_7b:
         result["seven_b"] = seven_b()
     if args.json:
@@ -108,11 +174,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<22} n={s['n']:<4} median |error| {100 * s['median_abs']:.2f}%   worst {100 * s['worst_abs']:.2f}%"
               f"   under-estimates {100 * s['under_rate']:.0f}%")
     print(f"grid traced in {result['grid_s']:.0f} s")
+    if "families" in result:
+        print_family_summary(result["families"])
     if "seven_b" in result:
         b = result["seven_b"]
         print(f"7B-class trace ({b['model']}, {b['settings']}): trace {b['trace_s']:.1f} s, process "
               f"{b['process_s']:.1f} s with imports, peak RSS {b['rss_bytes'] / 2**30:.2f} GiB, "
               f"layers traced {b['layers_traced']}, peak {b['peak_allocated_bytes'] / 2**30:.2f} GiB")
+    return 0
+
+
+def _families_only(args) -> int:
+    start = time.perf_counter()
+    if args.json:
+        with contextlib.redirect_stdout(io.StringIO()):
+            rows, refused = run_families()
+    else:
+        rows, refused = run_families()
+    s = family_summary(rows, refused)
+    if args.json:
+        print(json.dumps(dict(s, refusals=refused, rows=[r.to_dict() for r in rows],
+                              families_s=time.perf_counter() - start), indent=2))
+        return 0
+    print_family_summary(s)
+    print(f"families traced in {time.perf_counter() - start:.0f} s")
     return 0
 
 

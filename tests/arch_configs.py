@@ -53,24 +53,6 @@ TINY = {
                               use_bias=True, tie_word_embeddings=False, pad_token_id=0, **_ATTN),
 }
 
-# Traced against the estimator (tests/test_architectures_vs_trace.py): wide enough that per-token
-# tensors dominate, a vocabulary large enough that the loss is not swamped by the final norm.
-_MLA_TRACE = dict(vocab_size=2048, hidden_size=256, intermediate_size=384, moe_intermediate_size=128,
-                  num_hidden_layers=3, num_attention_heads=4, n_routed_experts=8, num_experts_per_tok=2,
-                  kv_lora_rank=64, qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32,
-                  max_position_embeddings=512)
-TRACED = {
-    # sigmoid router with grouped top-k (fp32), shared expert, q compressed through q_a/q_b
-    "deepseek_v3-moe": dict(model_type="deepseek_v3", n_shared_experts=1, n_group=2, topk_group=1,
-                            first_k_dense_replace=0, q_lora_rank=96, **_MLA_TRACE),
-    # the same attention over dense layers only
-    "deepseek_v3-dense": dict(model_type="deepseek_v3", n_shared_experts=1, n_group=2, topk_group=1,
-                              first_k_dense_replace=3, q_lora_rank=96, **_MLA_TRACE),
-    # softmax router, one q_proj (DeepSeek-V2-Lite)
-    "deepseek_v2-lite": dict(model_type="deepseek_v2", n_shared_experts=2, first_k_dense_replace=0,
-                             q_lora_rank=None, **_MLA_TRACE),
-}
-
 TINY.update({
     # Llama-4: MoE every second layer with a shared expert, dense layers wider, NoPE every 4th layer
     # (full attention), the others chunked (cache: a window of attention_chunk_size)
@@ -111,16 +93,6 @@ VL = {
                                         num_position_embeddings=16, deepstack_visual_indexes=[0, 2])),
 }
 
-# Qwen3-Next traced against the estimator (tests/test_architectures_vs_trace.py): 3 gated delta-net layers
-# (torch fallback kernels on CPU) and one gated full-attention layer, MoE with a shared expert
-TRACED_LINEAR_ATTENTION = {
-    "qwen3_next": dict(model_type="qwen3_next", vocab_size=2048, hidden_size=256, intermediate_size=384,
-                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                       linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                       linear_num_key_heads=4, linear_num_value_heads=8, num_experts=8, num_experts_per_tok=2,
-                       moe_intermediate_size=128, shared_expert_intermediate_size=128, max_position_embeddings=512),
-}
-
 TINY.update({
     # OLMo-1: LayerNorms without parameters, q/k/v/o biases when attention_bias
     "olmo": dict(model_type="olmo", intermediate_size=96, num_hidden_layers=2, pad_token_id=0, eos_token_id=1,
@@ -147,24 +119,9 @@ TINY.update({
                     pad_token_id=0, bos_token_id=1, eos_token_id=2, **_ATTN),
 })
 
-# The families mapped from transformers 5.23's code in this round, traced against the estimator
-# (tests/test_architectures_vs_trace.py): wide enough that per-token tensors dominate.
-_TRACE = dict(vocab_size=2048, hidden_size=256, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=512)
-TRACED.update({
-    "olmo": dict(model_type="olmo", num_hidden_layers=2, pad_token_id=0, eos_token_id=1, **_TRACE),
-    "stablelm": dict(model_type="stablelm", num_hidden_layers=2, use_qkv_bias=True, bos_token_id=0, eos_token_id=0,
-                     **_TRACE),
-    "stablelm-qk-parallel": dict(model_type="stablelm", num_hidden_layers=2, qk_layernorm=True,
-                                 use_parallel_residual=True, bos_token_id=0, eos_token_id=0, **_TRACE),
-    "gptj": dict(model_type="gptj", vocab_size=2048, n_embd=256, n_layer=2, n_head=4, rotary_dim=16, n_positions=512,
-                 bos_token_id=0, eos_token_id=0),
-    # OLMo-1.7's clip_qkv: q, k, v clamped in place (autograd keeps copies)
-    "olmo-clip": dict(model_type="olmo", num_hidden_layers=2, clip_qkv=8.0, pad_token_id=0, eos_token_id=1, **_TRACE),
-    "glm": dict(model_type="glm", num_hidden_layers=2, head_dim=64, pad_token_id=0, eos_token_id=1, **_TRACE),
-    "glm4": dict(model_type="glm4", num_hidden_layers=2, head_dim=64, pad_token_id=0, eos_token_id=1, **_TRACE),
-    # window 64 < the traced 256 tokens: the sliding layers get SDPA's 4-D mask and repeated k/v
-    "cohere2": dict(model_type="cohere2", num_hidden_layers=4, sliding_window=64, pad_token_id=0, bos_token_id=1,
-                    eos_token_id=2, **_TRACE),
-    "mistral-window": dict(model_type="mistral", num_hidden_layers=2, sliding_window=64, **_TRACE),
-})
+# The trace-sized configs live in the package (profiler/trace/families.py, used by
+# scripts/bench_tracer.py --families too); re-exported here for the tests that import them.
+from profiler.trace.families import FAMILIES  # noqa: E402
+
+TRACED = {k: v for k, v in FAMILIES.items() if k != "qwen3_next"}
+TRACED_LINEAR_ATTENTION = {"qwen3_next": FAMILIES["qwen3_next"]}

@@ -1,73 +1,83 @@
 """The newer families' activations and working sets against the fake-tensor tracer (profiler.trace,
-the oracle): tiny configs (tests/arch_configs.py TRACED) traced whole for a full fine-tune, LoRA
-and inference; the estimator's raw peak_allocated_bytes and saved activations within 3 %.
+the oracle): the trace-sized configs of profiler/trace/families.py (re-exported as tests/arch_configs.py
+TRACED) traced whole for a full fine-tune, LoRA, QLoRA and inference; the estimator's raw
+peak_allocated_bytes and saved activations within 3 % (the same rows `scripts/bench_tracer.py
+--families` prints).
 
 Where the estimator does not reach 3 % the bound it does reach is asserted instead, with the gap
-measured (never skipped): `LOOSER` below."""
+measured (never skipped): `LOOSER` below. A combination the estimator refuses on purpose is listed in
+`REFUSED` (asserted refused, with its reason)."""
 
 from __future__ import annotations
 
-import copy
+import functools
 
 import pytest
 import transformers
 
-from estimator.memory import estimate_memory, saved_activation_bytes
+from estimator.errors import InputError
 from estimator.model import spec_from_config
 from estimator.workload import Workload
-from profiler.trace.step import trace
+from profiler.trace.families import FAMILIES, METHODS, compare_family, workload
 from tests.arch_configs import TRACED
 
 transformers.logging.set_verbosity_error()
 TOLERANCE = 0.03
-_LORA = {"deepseek_v3": ("q_b_proj", "kv_b_proj", "o_proj"), "deepseek_v2": ("q_proj", "kv_b_proj", "o_proj"),
-         # the families' own names: GPT-J's out_proj and fc_in, GLM's fused gate_up_proj
-         "gptj": ("q_proj", "v_proj", "out_proj", "fc_in"), "glm": ("q_proj", "v_proj", "o_proj", "gate_up_proj"),
-         "glm4": ("q_proj", "v_proj", "o_proj", "gate_up_proj")}
-_DEFAULT_LORA = ("q_proj", "v_proj", "o_proj", "down_proj")
-_ATTN = {"gptj": "eager"}   # GPT-J has no SDPA path in transformers 5.23
-# (name, method) -> the bound reached, measured 2026-11-24 (estimate / trace - 1), not yet modelled:
-# StableLM's prefill working set (-3.7 %; with per-head q/k norms and the parallel residual +3.6 %).
-# The saved activations of every training case are within 3 %.
-LOOSER = {("stablelm", "inference"): 0.04, ("stablelm-qk-parallel", "inference"): 0.04}
-CASES = [(name, method) for name in sorted(TRACED) for method in ("full", "lora", "inference")]
+# (name, method) -> (peak bound, saved bound), measured 2026-11-24 (estimate / trace - 1), not yet modelled:
+LOOSER = {
+    # StableLM's prefill working set, -3.72 %: StableLmDecoderLayer.forward keeps its input_layernorm output
+    # and its attention output (locals `hidden_states`, `self_attn_output`) alive through the MLP: six
+    # hidden-wide tensors beside the MLP's three where the estimator counts four.
+    # The parallel-residual variant, +3.60 %: its prefill tensors match (2.25 vs 2.23 MB); the estimator
+    # adds one layer's DynamicCache growth (a decode-time copy) beside the prefill working set, half the
+    # cache of this 2-layer model.
+    ("stablelm", "inference"): (0.04, TOLERANCE), ("stablelm-qk-parallel", "inference"): (0.04, TOLERANCE),
+}
+# QLoRA's kbit preparation upcasts the fused (unquantized) experts to fp32, which transformers 5.23's
+# grouped_mm refuses: the estimator refuses QLoRA (with kbit preparation) on every grouped-experts MoE
+_GROUPED_MOE = ("deepseek_v3-moe", "deepseek_v2-lite", "qwen3_next", "gpt_oss", "glm4_moe",
+                "olmoe", "granitemoe", "phimoe", "ernie4_5_moe")
+REFUSED = {(name, "qlora"): "grouped_mm" for name in _GROUPED_MOE}
+CASES = [(name, method) for name in FAMILIES for method in METHODS]
+
+
+@functools.lru_cache(maxsize=None)
+def _row(name, method):
+    return compare_family(name, method)
 
 
 @pytest.mark.parametrize("name,method", CASES)
 def test_estimate_matches_trace(name, method):
-    cfg = TRACED[name]
-    mt = cfg["model_type"]
-    settings = dict(method=method, batch=2, seq=256, lora_targets=_LORA.get(mt, _DEFAULT_LORA),
-                    attn=_ATTN.get(mt, "sdpa"))
-    if method == "inference":
-        settings["new_tokens"] = 4
-    w = Workload(spec_from_config(cfg, name), **settings).validate()
-    traced = trace(w, copy.deepcopy(cfg), layers=cfg.get("num_hidden_layers", cfg.get("n_layer")))
-    peak = estimate_memory(w, 0.0, 0).peak_allocated_bytes
-    bound = LOOSER.get((name, method), TOLERANCE)
-    assert abs(peak / traced.peak_allocated_bytes - 1) <= bound, (peak, traced.peak_allocated_bytes)
-    if w.training:
-        saved = saved_activation_bytes(w)
-        assert abs(saved / traced.saved_activations_bytes - 1) <= TOLERANCE, (saved, traced.saved_activations_bytes)
+    if (name, method) in REFUSED:
+        with pytest.raises(InputError, match=REFUSED[name, method]):
+            workload(name, method)
+        return
+    r = _row(name, method)
+    assert not isinstance(r, str), r
+    peak_bound, saved_bound = LOOSER.get((name, method), (TOLERANCE, TOLERANCE))
+    assert abs(r.peak_error) <= peak_bound, (r.estimated_peak, r.traced_peak, r.peak_error)
+    if method != "inference":
+        assert abs(r.saved_error) <= saved_bound, (r.estimated_saved, r.traced_saved, r.saved_error)
 
 
 def test_the_looser_bounds_are_still_needed():
     # A bound above 3 % must describe a gap that exists: once the estimator closes it, this fails and
     # the entry is removed.
-    for (name, method), bound in LOOSER.items():
-        cfg = TRACED[name]
-        w = Workload(spec_from_config(cfg, name), method=method, batch=2, seq=256, new_tokens=4).validate()
-        traced = trace(w, copy.deepcopy(cfg), layers=cfg["num_hidden_layers"])
-        error = abs(estimate_memory(w, 0.0, 0).peak_allocated_bytes / traced.peak_allocated_bytes - 1)
-        assert TOLERANCE < error <= bound, (name, method, error)
+    for (name, method), (peak_bound, saved_bound) in LOOSER.items():
+        r = _row(name, method)
+        errors = [(abs(r.peak_error), peak_bound)]
+        if r.saved_error is not None:
+            errors.append((abs(r.saved_error), saved_bound))
+        assert any(TOLERANCE < e <= b for e, b in errors if b > TOLERANCE), (name, method, errors)
+        assert all(e <= b for e, b in errors), (name, method, errors)
 
 
-def test_gptj_refuses_sdpa_as_transformers_does():
-    from estimator.errors import InputError
-
+@pytest.mark.parametrize("name", ["gptj", "gpt_oss"])
+def test_refuses_sdpa_as_transformers_does(name):
+    # GPT-J and GPT-OSS (_supports_sdpa = False in transformers 5.23) refuse attn_implementation="sdpa"
     with pytest.raises(InputError, match="no SDPA"):
-        Workload(spec_from_config(TRACED["gptj"], "gptj"), method="full").validate()
-    assert Workload(spec_from_config(TRACED["gptj"], "gptj"), method="full", attn="eager").validate()
+        Workload(spec_from_config(TRACED[name], name), method="full").validate()
+    assert Workload(spec_from_config(TRACED[name], name), method="full", attn="eager").validate()
 
 
 def test_the_clip_flag_leaves_stored_fingerprints_alone():
@@ -78,32 +88,3 @@ def test_the_clip_flag_leaves_stored_fingerprints_alone():
     assert load_spec("meta-llama/Llama-2-7b-hf").fingerprint == "e5159878"
     clipped, plain = (spec_from_config(TRACED[n], n) for n in ("olmo-clip", "olmo"))
     assert clipped.qkv_clip and not plain.qkv_clip and clipped.fingerprint != plain.fingerprint
-
-
-# Qwen3-Next: the tracer runs the gated delta-net's torch fallback (torch_chunk_gated_delta_rule,
-# causal_conv1d's reference path) on CPU, as transformers does wherever flash-linear-attention is not
-# installed; the estimator counts what those layers save (estimator.activations._linear_attention).
-def _qwen3_next(method):
-    from tests.arch_configs import TRACED_LINEAR_ATTENTION
-
-    cfg = TRACED_LINEAR_ATTENTION["qwen3_next"]
-    settings = dict(method=method, batch=2, seq=256, lora_targets=("q_proj", "v_proj", "in_proj_qkvz", "out_proj"))
-    if method == "inference":
-        settings["new_tokens"] = 4
-    w = Workload(spec_from_config(cfg, "qwen3_next"), **settings).validate()
-    return w, trace(w, copy.deepcopy(cfg), layers=cfg["num_hidden_layers"])
-
-
-@pytest.mark.parametrize("method", ["full", "lora"])
-def test_qwen3_next_training_peak_matches_trace(method):
-    w, traced = _qwen3_next(method)
-    peak = estimate_memory(w, 0.0, 0).peak_allocated_bytes
-    assert abs(peak / traced.peak_allocated_bytes - 1) <= TOLERANCE, (peak, traced.peak_allocated_bytes)
-    saved = saved_activation_bytes(w)
-    assert abs(saved / traced.saved_activations_bytes - 1) <= TOLERANCE, (saved, traced.saved_activations_bytes)
-
-
-def test_qwen3_next_inference_peak_matches_trace():
-    w, traced = _qwen3_next("inference")
-    peak = estimate_memory(w, 0.0, 0).peak_allocated_bytes
-    assert abs(peak / traced.peak_allocated_bytes - 1) <= TOLERANCE, (peak, traced.peak_allocated_bytes)

@@ -24,7 +24,7 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 from estimator.configs import CATALOG_DIR, catalog_ids, load_spec
 from estimator.memory import estimate_memory, kv_cache_bytes
 from estimator.model import spec_from_config
-from estimator.workload import Workload
+from estimator.workload import NO_SDPA, Workload
 
 transformers.logging.set_verbosity_error()
 
@@ -325,7 +325,7 @@ def test_real_cache_newer_families(name):
     spec = spec_from_config(raw)
     assert layer_kinds.count("DynamicSlidingWindowLayer") == spec.layer_types.count("sliding")
     assert dec_storage == kv_cache_bytes(spec, BATCH, PROMPT + 1, 2)
-    attn = "eager" if raw["model_type"] == "gptj" else "sdpa"   # GPT-J: no SDPA in transformers 5.23
+    attn = "eager" if raw["model_type"] in NO_SDPA else "sdpa"   # GPT-J, GPT-OSS: no SDPA in transformers 5.23
     w = Workload(model=spec, method="inference", precision="bf16", batch=BATCH, seq=PROMPT, new_tokens=1,
                  attn=attn).validate()
     assert estimate_memory(w, 0.0, 0).kv_cache_bytes == max(pre_storage, dec_storage)

@@ -104,7 +104,9 @@ def trace(subject, cfg: dict | None = None, layers: int | None = None, repeats: 
     start = time.perf_counter()
     w, cfg = _resolve(subject, cfg)
     check_traceable(w)
-    if layers is not None:
+    if layers is not None and layers >= w.model.num_layers:   # the whole model: nothing to reduce
+        measures, weights, extrapolated = [_trace_once(dict(cfg), w)], (1.0,), False
+    elif layers is not None:
         kinds = tl.layer_kinds(cfg, w)[:layers]
         measures, weights = [_trace_once(tl.reduced_config(cfg, kinds), w)], (1.0,)
         extrapolated = False
@@ -178,7 +180,7 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
     with FakeTensorMode(allow_non_fake_inputs=True), tracing_patches(), kv_cache_tagging() as tag:
         _materialize(model, "cpu")
         optimizer = make_optimizer(model, w)
-        batch = make_batch(w, cfg["vocab_size"], "cpu")
+        batch = make_batch(w, cfg.get("text_config", cfg)["vocab_size"], "cpu")
         _warm_up(model, optimizer, w)
         tracker = LiveBytes()
         _register(tracker, model, optimizer, batch)
@@ -235,7 +237,8 @@ def _buildable(w: Workload) -> Workload:
 
 
 def _layer_count(cfg: dict) -> int:
-    return next(cfg[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg)
+    text = cfg.get("text_config", cfg)   # vision-language configs keep the decoder's keys apart
+    return next(text[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in text)
 
 
 def _run(model, optimizer, batch, w: Workload) -> None:
