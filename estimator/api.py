@@ -17,7 +17,7 @@ from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
 from estimator.versions import installed_versions
-from estimator.workload import Workload
+from estimator.workload import NO_SDPA, Workload
 
 DEFAULT_INTER_NODE = "ib-hdr"
 _COMPONENTS = ("weights_bytes", "gradients_bytes", "optimizer_states_bytes", "master_weights_bytes",
@@ -110,7 +110,10 @@ class Estimate:
     @property
     def regime_notes(self) -> tuple[str, ...]:
         """One line per regime switch the estimator made on its own, saying why (estimator.regimes)."""
-        return regime(self.workload).notes
+        w = self.workload
+        attn = (f"eager attention: {w.model.model_type} has no SDPA in transformers 5.23 (what it loads with "
+                f"when no attn_implementation is given)",) if (w.model.model_type in NO_SDPA and w.attn == "eager") else ()
+        return regime(w).notes + attn
 
     def dominant(self, n: int = 3) -> list[tuple[str, int]]:
         """The largest memory components, largest first."""

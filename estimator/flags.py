@@ -22,7 +22,7 @@ from typing import Callable
 
 from estimator.configs import load_spec
 from estimator.errors import InputError
-from estimator.workload import Workload, method_defaults
+from estimator.workload import NO_SDPA, Workload, method_defaults
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -159,7 +159,7 @@ class Resolved:
         return {"origin": dict(self.origin), "unmodelled": list(self.unmodelled), "ignored": list(self.ignored)}
 
     def lines(self) -> list[str]:
-        files = {k: v for k, v in self.origin.items() if v not in ("flag", "default")}
+        files = {k: v for k, v in self.origin.items() if v not in ("flag", "default", "model")}
         if not files and not self.unmodelled and not self.ignored:
             return []
         out = ["settings from files (explicit flags override them):"]
@@ -216,7 +216,11 @@ def resolve(args: argparse.Namespace) -> Resolved:
     origin["model"] = "flag" if "model" in flags_given else reading.origin.get("model", "flag")
     if "epochs" in reading.job:
         origin["epochs"] = reading.origin.get("epochs", "file")
-    w = Workload(model=load_spec(ref), **method_defaults(settings)).validate()
+    spec = load_spec(ref)
+    if "attn" not in settings and spec.model_type in NO_SDPA:   # what transformers loads it with
+        settings["attn"] = "eager"
+        origin["attn"] = "model"   # the regime line says why (estimator/api.py regime_notes)
+    w = Workload(model=spec, **method_defaults(settings)).validate()
     return Resolved(w, origin, tuple(reading.unmodelled), tuple(reading.ignored), dict(reading.job))
 
 

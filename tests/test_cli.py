@@ -294,3 +294,15 @@ def test_table_answers_render(capsys):
     assert code == 0 and "largest micro-batch" in out
     code, out, _ = run_cli(capsys, "--chinchilla", "--gpu", "a100-80gb", "--gpus", "8", "--hours", "24")
     assert code == 0 and "compute-optimal" in out
+
+
+def test_a_model_without_sdpa_runs_eager_unless_sdpa_is_asked_for(capsys):
+    # transformers 5.23 loads gpt_oss (and gptj) eager when no attn_implementation is given; asking
+    # for SDPA is refused by the model, so by the estimator too
+    data = run_json(capsys, "--model", "gpt-oss-20b", "--method", "inference", "--seq", "512")
+    assert data["workload"]["attn"] == "eager"
+    assert any("no SDPA" in note for note in data["regime"])
+    code, out, err = run_cli(capsys, "--model", "gpt-oss-20b", "--method", "inference", "--attn", "sdpa")
+    assert code == 2 and "no SDPA" in err and "Traceback" not in err
+    data = run_json(capsys, "--model", "llama-3.1-8b", "--method", "inference", "--seq", "512")
+    assert data["workload"]["attn"] == "sdpa" and not any("SDPA" in note for note in data["regime"])
