@@ -8,7 +8,6 @@ quantizes there with the same layers and the same order of allocations as on CUD
 """
 
 import gc
-import json
 import sys
 import weakref
 from pathlib import Path
@@ -21,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 from profiler import build
 from profiler.case import Case
 from profiler.child import classify
+from tests.tiny_configs import tiny_llama
 
 TINY = Path(__file__).resolve().parent / "data" / "tiny-llama.json"
 
@@ -51,12 +51,8 @@ class LiveStorage(TorchDispatchMode):
 
 def _config(folder: Path, **changes) -> str:
     """tiny-llama made of six layers whose linears dominate (hidden 256, MLP 512, vocab 1000)."""
-    cfg = json.loads(TINY.read_text())
-    cfg.update(hidden_size=256, intermediate_size=512, num_hidden_layers=6, num_attention_heads=4,
-               num_key_value_heads=2, **changes)
-    path = folder / "tiny-llama-wide.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return str(tiny_llama(folder, "wide", **{**dict(hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+                                                    num_attention_heads=4, num_key_value_heads=2), **changes}))
 
 
 def _layer_linear_bytes(cfg: dict, dtype_bytes: int = 2) -> int:

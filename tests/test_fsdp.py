@@ -30,18 +30,14 @@ from estimator.params import count_params
 from estimator.states import model_states, states_key
 from estimator.workload import Workload
 
+from tests.tiny_configs import ODD, tiny_llama  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "tests" / "data" / "tiny-llama.json"
 WORLD = 2
 
 
 def _odd_config(folder: Path) -> Path:
-    cfg = json.loads(TINY.read_text())
-    cfg.update(hidden_size=45, head_dim=10, num_attention_heads=5, num_key_value_heads=1,
-               intermediate_size=99, vocab_size=1001, num_hidden_layers=3)
-    path = folder / "tiny-llama-odd.json"
-    path.write_text(json.dumps(cfg))
-    return path
+    return tiny_llama(folder, "odd", **ODD, num_hidden_layers=3)
 
 
 def _free_port() -> int:

@@ -25,18 +25,15 @@ from profiler import fsdp as pfsdp
 from profiler.case import Case
 from profiler.runner import free_port, launch_command
 
+from tests.tiny_configs import ODD, tiny_llama  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny-llama.json"
 
 
 def _odd_config(folder: Path) -> str:
     """tiny-llama with odd sizes, so FSDP's padding of the last chunk matters."""
-    cfg = json.loads(TINY.read_text())
-    cfg.update(hidden_size=45, head_dim=10, num_attention_heads=5, num_key_value_heads=1,
-               intermediate_size=99, vocab_size=1001)
-    path = folder / "tiny-llama-odd.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return str(tiny_llama(folder, "odd", **ODD))
 
 
 def _padded_shard_elements(case: Case, world: int) -> int:

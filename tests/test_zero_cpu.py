@@ -26,6 +26,8 @@ import torch
 from profiler import build, zero
 from profiler.case import Case
 
+from tests.tiny_configs import ODD, tiny_llama  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "data" / "tiny-llama.json")
 
@@ -33,12 +35,7 @@ TINY = str(ROOT / "tests" / "data" / "tiny-llama.json")
 def _odd_config(folder: Path) -> str:
     """tiny-llama with odd sizes (hidden 45, vocab 1001, MLP 99), so the padding rules matter:
     most parameters and the total have an odd number of elements."""
-    cfg = json.loads(Path(TINY).read_text())
-    cfg.update(hidden_size=45, head_dim=10, num_attention_heads=5, num_key_value_heads=1,
-               intermediate_size=99, vocab_size=1001)
-    path = folder / "tiny-llama-odd.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return str(tiny_llama(folder, "odd", **ODD))
 
 
 def _numels(case: Case) -> list[int]:

@@ -40,6 +40,8 @@ from profiler.device import simulated
 from profiler.store import RunStore
 from profiler.trace import trace
 
+from tests.tiny_configs import tiny_llama  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "data" / "tiny-llama.json"
 SETTINGS = {"precision": "amp-bf16", "seq": 32, "batch": 1, "gpus": 2}
@@ -48,12 +50,8 @@ WORLD = 2
 
 
 def _deep_config(folder: Path) -> str:
-    cfg = json.loads(TINY.read_text())
-    cfg.update(hidden_size=128, intermediate_size=352, num_hidden_layers=4, vocab_size=256,
-               num_attention_heads=4, num_key_value_heads=2)
-    path = folder / "tiny-llama-deep.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return str(tiny_llama(folder, "deep", hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+                          vocab_size=256, num_attention_heads=4, num_key_value_heads=2))
 
 
 @pytest.fixture(scope="module")
