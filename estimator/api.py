@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from estimator import tables
-from estimator.bounds import safe_bound
+from estimator.bounds import safe_bound, table_bound
 from estimator.bounds import verdict as verdict_of
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
 from estimator.errors import InputError
@@ -97,8 +96,8 @@ class Estimate:
         if not row:
             return None
         inside = not any("far outside" in text for text in self.warnings)
-        # the bound itself is estimator.bounds' (self.safe): one formula
-        return {"device_used_bytes": self.safe["device_used_bytes"],
+        # the bound itself is estimator.bounds' (one formula), unwidened
+        return {"device_used_bytes": table_bound(self.memory, "device_used_bytes", row)[0],
                 "factor": row["factor"], "uncertain_scale": row.get("uncertain_scale"), "coverage": row["coverage"],
                 "quantile": row.get("quantile"), "points": row.get("points"),
                 "within_data_range": inside}

@@ -58,6 +58,18 @@ def bound_value(point: float, uncertain: float, scale: float) -> int:
     return int(math.ceil(point + scale * uncertain))
 
 
+def table_bound(memory: MemoryBreakdown, quantity: str, row: dict) -> tuple[int, dict]:
+    """(bytes, terms) of one quantity's bound from a table's `upper_bound` row: point + k x
+    uncertain part when the row has `uncertain_scale`, else point x `factor`."""
+    point = getattr(memory, quantity)
+    if row.get("uncertain_scale") is not None:
+        floor = int(row.get("uncertain_floor_bytes", overhead("bound_uncertain_floor_bytes")))
+        u = uncertain_bytes(memory, floor)[quantity]
+        scale = float(row["uncertain_scale"])
+        return bound_value(point, u, scale), {"uncertain_scale": scale, "uncertain_bytes": u}
+    return int(math.ceil(point * float(row["factor"]))), {"factor": float(row["factor"])}
+
+
 def safe_bound(memory: MemoryBreakdown, calibration, outside_data: bool) -> dict:
     """{"peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "coverage", "source",
     "terms"}: bytes are int (rounded up); `terms` says per quantity how the bound was formed."""
@@ -67,15 +79,7 @@ def safe_bound(memory: MemoryBreakdown, calibration, outside_data: bool) -> dict
     if all(rows.values()):
         coverage = min(float(rows[q]["coverage"]) for q in BOUND_QUANTITIES)
         for q in BOUND_QUANTITIES:
-            row = rows[q]
-            if row.get("uncertain_scale") is not None:
-                floor = int(row.get("uncertain_floor_bytes", overhead("bound_uncertain_floor_bytes")))
-                u = uncertain_bytes(memory, floor)[q]
-                out[q] = bound_value(getattr(memory, q), u, float(row["uncertain_scale"]))
-                terms[q] = {"uncertain_scale": float(row["uncertain_scale"]), "uncertain_bytes": u}
-            else:
-                out[q] = int(math.ceil(getattr(memory, q) * float(row["factor"])))
-                terms[q] = {"factor": float(row["factor"])}
+            out[q], terms[q] = table_bound(memory, q, rows[q])
         forms = sorted({"point + k x uncertain part" if "uncertain_scale" in t else "point x factor"
                         for t in terms.values()})
         source = (f"calibration {calibration.path}: {' / '.join(forms)}, the scale that covered the held-out "
