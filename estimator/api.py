@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from estimator import tables
-from estimator.bounds import safe_bound
+from estimator.bounds import safe_bound, table_bound
 from estimator.bounds import verdict as verdict_of
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
 from estimator.errors import InputError
@@ -89,16 +88,17 @@ class Estimate:
     @property
     def upper_bound(self) -> dict | None:
         """A safe upper bound of device used memory (bytes) with its measured coverage: the
-        calibrated prediction times the factor that covered `coverage` of the held-out
-        measurements in the table's leave-one-model-out validation. None without a table (or
+        safe bound of estimator.bounds that covered `coverage` of the held-out
+        measurements in the table's validation (estimator.bounds). None without a table (or
         with another GPU's). `within_data_range` is False when the workload lies far outside
         the table's data, where the coverage was not measured."""
         row = self.calibration.upper_bound("device_used_bytes")
         if not row:
             return None
         inside = not any("far outside" in text for text in self.warnings)
-        return {"device_used_bytes": int(math.ceil(self.memory.device_used_bytes * row["factor"])),
-                "factor": row["factor"], "coverage": row["coverage"],
+        # the bound itself is estimator.bounds' (one formula), unwidened
+        return {"device_used_bytes": table_bound(self.memory, "device_used_bytes", row)[0],
+                "factor": row["factor"], "uncertain_scale": row.get("uncertain_scale"), "coverage": row["coverage"],
                 "quantile": row.get("quantile"), "points": row.get("points"),
                 "within_data_range": inside}
 
@@ -124,7 +124,7 @@ class Estimate:
         w, p = self.workload, count_params(self.workload.model)
         trainable = p.total if w.method == "full" else (lora_params(w, p) if w.training else 0)
         memory = self.memory.to_dict()
-        memory["safe"] = {k: v for k, v in self.safe.items() if k != "factors"}
+        memory["safe"] = {k: v for k, v in self.safe.items() if k != "terms"}
         memory["raw"] = {k: getattr(self.raw_memory, k) for k in
                          ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "activations_bytes")}
         bound = self.upper_bound

@@ -105,15 +105,30 @@ _TABLE_SCHEMA = sch.Obj({
     "factor_points": sch.Map(sch.Either(int, sch.Map(int))),
     "cv_error": sch.Map(sch.Obj({**_ERRORS.keys, "uncalibrated": sch.Optional(_ERRORS)},
                                       optional=_ERRORS.optional + ("uncalibrated",))),
+    # the safe bound (estimator/bounds.py): point + uncertain_scale x uncertain part when
+    # uncertain_scale is given, else point x factor
     "upper_bound": sch.Map(sch.Obj({"factor": sch.NUM, "quantile": sch.NUM, "coverage": sch.NUM,
-                                          "points": int, "models": int, "sources": int},
-                                         optional=("quantile", "points", "models", "sources"))),
+                                          "points": int, "models": int, "sources": int,
+                                          "uncertain_scale": sch.NUM, "uncertain_floor_bytes": int,
+                                          "factor_coverage": sch.NUM, "over_provision_median": sch.NUM,
+                                          "factor_over_provision_median": sch.NUM},
+                                         optional=("quantile", "points", "models", "sources", "uncertain_scale",
+                                                   "uncertain_floor_bytes", "factor_coverage",
+                                                   "over_provision_median", "factor_over_provision_median"))),
     "notes": sch.List(str),
     # leave-one-source-out validation of a published table (fitting/published.py)
     "validation": sch.Obj({"method": str, "sources": int, "points": int, "coverage": sch.NUM,
                            "over_provision_median": sch.NUM, "uncalibrated_coverage": sch.NUM,
                            "uncalibrated_over_provision_median": sch.NUM, "oom_rows": int, "oom_flagged": int,
-                           "by_gpu": sch.Map(_ERRORS), "by_source": sch.Map(_ERRORS)}),
+                           "by_gpu": sch.Map(_ERRORS), "by_source": sch.Map(_ERRORS),
+                           # the bound written (estimator/bounds.py) against the point x factor form
+                           "bound_form": str, "factor_coverage": sch.NUM, "factor_over_provision_median": sch.NUM,
+                           "uncalibrated_factor_coverage": sch.NUM,
+                           "uncalibrated_factor_over_provision_median": sch.NUM,
+                           "by_quantity_bound": sch.Map(sch.Map(sch.NUM))},
+                          optional=("bound_form", "factor_coverage", "factor_over_provision_median",
+                                    "uncalibrated_factor_coverage", "uncalibrated_factor_over_provision_median",
+                                    "by_quantity_bound")),
 }, optional=("created", "fitter", "versions", "provenance", "range", "factor_points", "cv_error", "upper_bound",
              "notes", "validation"))
 SIZE_BUCKETS = ((1e9, "<1B"), (1e10, "1-10B"), (1e11, "10-100B"), (math.inf, ">=100B"))
@@ -432,6 +447,8 @@ def _validate_stats(data: dict, path) -> None:
             raise _fail(path, f"upper_bound[{quantity}].factor must be a number in [1, 10]")
         if not _number(row.get("coverage")) or not 0.0 <= row["coverage"] <= 1.0:
             raise _fail(path, f"upper_bound[{quantity}].coverage must be in [0, 1]")
+        if "uncertain_scale" in row and (not _number(row["uncertain_scale"]) or not 0.0 <= row["uncertain_scale"] <= 10.0):
+            raise _fail(path, f"upper_bound[{quantity}].uncertain_scale must be a number in [0, 10]")
     rng = data.get("range", {})
     for name in ("params_total", "tokens"):
         pair = rng.get(name)

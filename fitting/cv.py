@@ -71,6 +71,16 @@ def error_table(data: Dataset, pred: pd.DataFrame) -> dict:
     return out
 
 
+def covering_scale(values, at_least: float, quantile: float = QUANTILE) -> float:
+    """The one place a bound's scale is fitted: the `quantile` of held-out `values` (an observed
+    point's measured / predicted for a factor, (measured - predicted) / uncertain part for the
+    scale k of estimator.bounds), never below `at_least` (1 for a factor, 0 for k: a bound is
+    never below the point)."""
+    values = np.asarray(values, float)
+    values = values[np.isfinite(values)]
+    return max(at_least, float(np.quantile(values, quantile, method="higher")))
+
+
 def upper_bound(ratio: np.ndarray, groups: np.ndarray, quantile: float = QUANTILE) -> dict | None:
     """Factor on the prediction covering `quantile` of held-out points, with nested coverage."""
     ok = np.isfinite(ratio)
@@ -78,11 +88,11 @@ def upper_bound(ratio: np.ndarray, groups: np.ndarray, quantile: float = QUANTIL
     models = sorted(set(groups))
     if len(models) < 2 or len(ratio) < 3:
         return None
-    factor = max(1.0, float(np.quantile(ratio, quantile, method="higher")))
+    factor = covering_scale(ratio, 1.0, quantile)
     covered = []
     for g in models:
         others = ratio[groups != g]
-        u = max(1.0, float(np.quantile(others, quantile, method="higher")))
+        u = covering_scale(others, 1.0, quantile)
         covered.extend(ratio[groups == g] <= u)
     return {"factor": math.ceil(factor * 1e4) / 1e4,  # rounded up: never below what was measured
             "quantile": quantile, "coverage": float(np.mean(covered)), "points": int(len(ratio)),

@@ -147,12 +147,23 @@ def published_report(measurements: Path, write: bool, plot: Path | None) -> str:
         lines += [_row(r, cal), _row("  uncalibrated", raw)]
     lines += ["", "per source (held out, calibrated)", head]
     lines += [_row(s, m) for s, m in v.by_source.items()]
-    lines += ["", f"safe bound: factor {table['upper_bound']['peak_reserved_bytes']['factor']:.4g} on the point "
-                  f"(95th percentile of held-out measured / predicted)",
-              f"  coverage (nested leave-one-source-out): {v.coverage:.1%}; median over-provision {v.over_provision:+.1%}",
-              f"  uncalibrated default bound (x {published.overhead('uncalibrated_bound_factor')}): coverage "
-              f"{v.raw_coverage:.1%}; median over-provision {v.raw_over_provision:+.1%}",
-              f"  OOM rows: {v.oom_rows}, of which the held-out bound says 'does not fit': {v.oom_flagged}"]
+    k0 = published.overhead("uncalibrated_bound_uncertain_scale")
+    kept = (f"point + {v.scale:.4g} x uncertain part" if v.form == "uncertain" else f"point x {v.factor:.4g}")
+    lines += ["", f"safe bound (estimator/bounds.py), nested leave-one-source-out: the table keeps {kept}",
+              f"  point + k x uncertain part (k {v.scale:.4g}: 95th percentile of held-out (measured - predicted) / "
+              f"uncertain part): coverage {v.uncertain_coverage:.1%}; median over-provision "
+              f"{v.uncertain_over_provision:+.1%}",
+              f"  point x factor (factor {v.factor:.4g}: 95th percentile of held-out measured / predicted): coverage "
+              f"{v.factor_coverage:.1%}; median over-provision {v.factor_over_provision:+.1%}",
+              "  the kept bound per quantity: " + "; ".join(
+                  f"{q} {int(b['points'])} rows, coverage {b['coverage']:.1%}, over-provision "
+                  f"{b['over_provision_median']:+.1%}" for q, b in v.by_quantity_bound.items()),
+              f"  uncalibrated default bound (point + {k0} x uncertain part; k0 stated from these rows: in sample): coverage {v.raw_coverage:.1%}; "
+              f"median over-provision {v.raw_over_provision:+.1%}",
+              f"  former uncalibrated default (point x {published.overhead('uncalibrated_bound_factor')}): coverage "
+              f"{v.raw_factor_coverage:.1%}; median over-provision {v.raw_factor_over_provision:+.1%}",
+              f"  OOM rows: {v.oom_rows}, of which the held-out bound exceeds the card: {v.oom_flagged} "
+              f"(the held-out point already: {v.oom_point_over}, 'does not fit')"]
     mem = [m for q, m in v.by_quantity.items() if m["points"] >= 3]
     worst = max(mem, key=lambda m: m["points"]) if mem else None
     t = PUBLISHED_TARGETS
