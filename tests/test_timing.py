@@ -117,6 +117,33 @@ def test_causal_attention_runs_half_the_scores_at_the_flash_fraction(llama):
         fwd * 3 / (312e12 * 0.55) + scores * 26 * 3 / (A100_BW * 0.7))
 
 
+def test_padding_mask_makes_sdpa_compute_every_block(llama):
+    # a padded batch with its attention mask: SDPA gets a 4D mask, the memory-efficient kernel runs
+    # every query x key block (no causal half), still at the fused-attention fraction (0.5 on A100)
+    t = estimate(Workload(llama, method="full", batch=1, seq=8192, padding_mask=True), "a100-80gb", "none").time
+    fwd = 2 * (4096 + 4096) * 8192 * 32 * 8192               # every key of every layer, 1 x 8192 queries
+    assert t.compute_parts["attention_s"] == pytest.approx(fwd * 3 / (312e12 * 0.5))
+    # the GEMMs and everything else do not move
+    plain = estimate(Workload(llama, method="full", batch=1, seq=8192), "a100-80gb", "none").time
+    assert t.compute_parts["gemm_s"] == plain.compute_parts["gemm_s"]
+    assert t.compute_parts["attention_s"] == pytest.approx(2 * plain.compute_parts["attention_s"])
+
+
+def test_padding_mask_fills_the_sliding_window():
+    # phi-3-mini: 32 layers, all with a 2047-token window; q_dim = o_dim = 3072. With the mask the
+    # window is in the mask only: every layer computes all 4096 keys of a 4096-token sample
+    phi = load_spec("phi-3-mini")
+    t = estimate(Workload(phi, method="full", batch=1, seq=4096, padding_mask=True), "a100-80gb", "none").time
+    fwd = 2 * (3072 + 3072) * 32 * 4096 * 4096
+    assert t.compute_parts["attention_s"] == pytest.approx(fwd * 3 / (312e12 * 0.5))
+
+
+@pytest.mark.parametrize("kw", [dict(method="inference"), dict(method="full", attn="flash")])
+def test_padding_mask_refused_where_it_does_not_apply(llama, kw):
+    with pytest.raises(InputError):
+        Workload(llama, padding_mask=True, **kw).validate()
+
+
 def test_elementwise_bytes_counted_from_the_decoder_layer(llama):
     from estimator.compute_time import layer_elementwise_bytes, loss_bytes_per_token
     # 2 RMSNorms x 36 B + 2 residual adds x 6 B per hidden element, rotary 20 B per q/k element,
