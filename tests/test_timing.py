@@ -138,6 +138,28 @@ def test_padding_mask_fills_the_sliding_window():
     assert t.compute_parts["attention_s"] == pytest.approx(fwd * 3 / (312e12 * 0.5))
 
 
+def test_sdpa_on_sliding_layers_past_the_window_computes_every_key():
+    # keys reaching the window: transformers hands SDPA the 4D sliding mask, so the memory-efficient
+    # kernel computes all keys (no window, no causal half); FlashAttention takes the window itself
+    phi = load_spec("phi-3-mini")   # 32 sliding layers, window 2047, q_dim = o_dim = 3072
+    sdpa = estimate(Workload(phi, method="full", batch=1, seq=4096), "a100-80gb", "none").time
+    assert sdpa.compute_parts["attention_s"] == pytest.approx(
+        2 * 6144 * (32 * 4096) * 4096 * 3 / (312e12 * 0.5))
+    flash = estimate(Workload(phi, method="full", batch=1, seq=4096, attn="flash"), "a100-80gb", "none").time
+    assert flash.compute_parts["attention_s"] == pytest.approx(
+        2 * 6144 * (0.5 * 32 * 2047) * 4096 * 3 / (312e12 * 0.5))
+    # below the window the mask is skipped (is_causal): half of the keys
+    short = estimate(Workload(phi, method="full", batch=1, seq=1024), "a100-80gb", "none").time
+    assert short.compute_parts["attention_s"] == pytest.approx(
+        2 * 6144 * (0.5 * 32 * 1024) * 1024 * 3 / (312e12 * 0.5))
+    # gemma-2-9b: 21 global layers (causal half) and 21 sliding ones (window 4096) at 8192 tokens;
+    # q_dim = o_dim = 16 heads x 256
+    gemma = load_spec("gemma-2-9b")
+    g = estimate(Workload(gemma, method="lora", batch=1, seq=8192), "a100-80gb", "none").time
+    keys = 0.5 * 21 * 8192 + 21 * 8192
+    assert g.compute_parts["attention_s"] == pytest.approx(2 * 8192 * keys * 8192 * 3 / (312e12 * 0.5))
+
+
 @pytest.mark.parametrize("kw", [dict(method="inference"), dict(method="full", attn="flash")])
 def test_padding_mask_refused_where_it_does_not_apply(llama, kw):
     with pytest.raises(InputError):
