@@ -290,3 +290,26 @@ def test_the_time_development_set_scores_every_row_with_a_gpu_row():
     assert len(scored) + sum(skipped.values()) == len(rows)
     qwen = [r for r in scored if r["source"] == "qwen3-speed-benchmark"]
     assert len(qwen) == 24 and {r["gpu"] for r in qwen} == {"h20-96gb"}
+
+
+def test_bench_implied_hfu_gives_back_the_table_level_on_the_estimators_own_time(llama):
+    """bench_time --rows: a row measuring exactly the estimate's time needs the HFU the estimate used
+    (mfu.csv: H100 full 0.40, A100 80GB 0.55 for prefill); a row faster than the non-GEMM parts
+    alone needs more than any GEMM can give (inf)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_time", root / "scripts" / "bench_time.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    w = Workload(llama, method="full", batch=1, seq=4096, grad_accum=2, grad_ckpt=True).validate()
+    est = estimate(w, "h100-80gb", "none")
+    row = {"metric": "step_s", "value": str(est.time.step_s), "gpu_slug": "h100-80gb"}
+    assert bench.implied_hfu(row, w, est) == pytest.approx(0.40)
+    row["value"] = str(est.time.optimizer_s + est.time.overhead_s)     # no time left for any kernel
+    assert bench.implied_hfu(row, w, est) == float("inf")
+    p = Workload(llama, method="inference", seq=2048, new_tokens=1).validate()
+    pest = estimate(p, "a100-80gb", "none")
+    prow = {"metric": "prefill_s", "value": str(pest.time.prefill_s), "gpu_slug": "a100-80gb"}
+    assert bench.implied_hfu(prow, p, pest) == pytest.approx(0.55)
