@@ -92,6 +92,7 @@ class ActivationKey(NamedTuple):
     lora_adapters: int = 0     # LoRA adapters per decoder layer (estimator.lora_targets)
     loss: str = "hf"           # how the loss is computed (Workload.loss)
     dora: tuple = ()           # DoRA: (output features of the adapted linears per layer, o_proj's share)
+    padding_mask: bool = False  # a padded batch's attention mask reaches the model (Workload.padding_mask)
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -107,7 +108,8 @@ def activation_key(w: Workload) -> ActivationKey:
             dora_outs = dora.per_layer_outs(w.model, w.lora_targets)
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
-                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs)
+                         rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs,
+                         w.padding_mask)
 
 
 def dora_dtypes(key: ActivationKey) -> dora.DoraDtypes:
@@ -347,13 +349,17 @@ def score_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
 
 def _sliding_mask_bytes(key: ActivationKey, kv_tokens: int) -> int:
     """SDPA on a sliding layer once the keys reach the window (masking_utils skips the mask only below
-    it): the 4-D mask goes to the kernel, CUDA's memory-efficient kernel saves it converted to the
-    compute dtype (one row of kv_tokens per query, made per layer), and transformers repeats k and v
-    to every head (`use_gqa_in_sdpa` needs no mask). Averaged over the layers, as the layer formulas."""
+    it), or on every attention layer of a padded batch (`padding_mask`: a zero in attention_mask): the
+    4-D mask goes to the kernel, CUDA's memory-efficient kernel saves it converted to the compute dtype
+    (one row of kv_tokens per query, made per layer), and transformers repeats k and v to every head
+    (`use_gqa_in_sdpa` needs no mask). Averaged over the layers, as the layer formulas."""
     spec = key.model
-    if not spec.sliding_window or kv_tokens < spec.sliding_window:
+    if key.padding_mask:
+        sliding = sum(spec.window_layers)
+    elif not spec.sliding_window or kv_tokens < spec.sliding_window:
         return 0
-    sliding = spec.window_layers[1]
+    else:
+        sliding = spec.window_layers[1]
     compute = dtypes(key).compute
     per_layer = compute * kv_tokens + 2 * compute * (spec.q_dim - spec.kv_dim)
     return round(per_layer * sliding / spec.num_layers)
