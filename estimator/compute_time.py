@@ -158,8 +158,8 @@ def fused_keys(w: Workload) -> float:
     window on sliding layers (FlashAttention takes the window as an argument). SDPA skips nothing
     once transformers hands it a 4D mask (transformers 5.x masking_utils `_ignore_causal_mask_sdpa`:
     a padding zero in attention_mask, or keys reaching a sliding window, `kv_length >=
-    local_attention_size`; for padding, 4.49's modeling_llama.py `_update_causal_mask` too), because PyTorch's
-    flash backend takes no attn_mask (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+    local_attention_size`; for padding, 4.49's modeling_llama.py `_update_causal_mask` too), because
+    PyTorch's flash backend takes no attn_mask (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
     `check_for_attn_mask`: 'Flash Attention does not support non-null attn_mask') and the
     memory-efficient kernel runs every query x key block: all keys of a padded batch's layers, all
     keys of the sliding layers (the window is in the mask, not in the kernel)."""
