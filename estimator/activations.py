@@ -96,6 +96,7 @@ class ActivationKey(NamedTuple):
     dora: tuple = ()           # DoRA: (output features of the adapted linears per layer, o_proj's share)
     # fused expert parameters peft targets (ParamWrapper: "gate_up_proj", "down_proj"), estimator.lora_targets
     expert_adapters: tuple = ()
+    padding_mask: bool = False  # a padded batch's attention mask reaches the model (Workload.padding_mask)
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -113,7 +114,7 @@ def activation_key(w: Workload) -> ActivationKey:
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
                          rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs,
-                         experts)
+                         experts, w.padding_mask)
 
 
 def dora_dtypes(key: ActivationKey) -> dora.DoraDtypes:
@@ -364,13 +365,17 @@ def score_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
 
 def _sliding_mask_bytes(key: ActivationKey, kv_tokens: int) -> int:
     """SDPA on a sliding layer once the keys reach the window (masking_utils skips the mask only below
-    it): the 4-D mask goes to the kernel, CUDA's memory-efficient kernel saves it converted to the
-    compute dtype (one row of kv_tokens per query, made per layer), and transformers repeats k and v
-    to every head (`use_gqa_in_sdpa` needs no mask). Averaged over the layers, as the layer formulas."""
+    it), or on every attention layer of a padded batch (`padding_mask`: a zero in attention_mask): the
+    4-D mask goes to the kernel, CUDA's memory-efficient kernel saves it converted to the compute dtype
+    (one row of kv_tokens per query, made per layer), and transformers repeats k and v to every head
+    (`use_gqa_in_sdpa` needs no mask). Averaged over the layers, as the layer formulas."""
     spec = key.model
-    if not spec.sliding_window or kv_tokens < spec.sliding_window:
+    if key.padding_mask:
+        sliding = sum(spec.window_layers)
+    elif not spec.sliding_window or kv_tokens < spec.sliding_window:
         return 0
-    sliding = spec.window_layers[1]
+    else:
+        sliding = spec.window_layers[1]
     compute = dtypes(key).compute
     per_layer = compute * kv_tokens + 2 * compute * (spec.q_dim - spec.kv_dim)
     return round(per_layer * sliding / spec.num_layers)

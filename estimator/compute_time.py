@@ -8,7 +8,8 @@ them. Each part is a roofline term: FLOPs over achieved peak, or bytes over achi
   math-limited when intensity > ops:byte ratio, memory-limited below). Small hidden sizes, small
   micro-batches and MoE experts (M = tokens x top_k / experts) fall toward the memory limit.
 - attention: causal kernels (SDPA, FlashAttention) skip the masked half of the score FLOPs and run at
-  their own published fraction of peak; eager attention multiplies the full score matrix and streams
+  their own published fraction of peak (SDPA handed a 4D mask, by a padded batch or a sliding window
+  the keys reach, computes every block: `fused_keys`); eager attention multiplies the full score matrix and streams
   it (b x heads x s x s elements) through scale, mask, fp32 softmax and cast.
 - fp8 (`--precision fp8`, torchao float8 training): the converted decoder linears' GEMMs at the
   GPU's dense fp8 peak (operands 1 byte), the rest at bf16; their eager casts are elementwise bytes.
@@ -151,6 +152,26 @@ def _gemm_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, trainin
     return work / (peak * hfu) / (w.tp * w.pp)
 
 
+def fused_keys(w: Workload) -> float:
+    """Keys per query token, summed over the layers, that a fused (SDPA / FlashAttention) kernel
+    computes. Under the causal mask it skips the masked half of the blocks: half of the keys, the
+    window on sliding layers (FlashAttention takes the window as an argument). SDPA skips nothing
+    once transformers hands it a 4D mask (transformers 5.x masking_utils `_ignore_causal_mask_sdpa`:
+    a padding zero in attention_mask, or keys reaching a sliding window, `kv_length >=
+    local_attention_size`; for padding, 4.49's modeling_llama.py `_update_causal_mask` too), because
+    PyTorch's flash backend takes no attn_mask (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
+    `check_for_attn_mask`: 'Flash Attention does not support non-null attn_mask') and the
+    memory-efficient kernel runs every query x key block: all keys of a padded batch's layers, all
+    keys of the sliding layers (the window is in the mask, not in the kernel)."""
+    spec = w.model
+    full, sliding = spec.window_layers
+    if w.attn == "sdpa" and w.padding_mask:
+        return float((full + sliding) * w.seq)
+    if w.attn == "sdpa" and sliding and w.seq >= spec.sliding_window:
+        return 0.5 * full * w.seq + sliding * w.seq
+    return 0.5 * spec.attended_tokens(w.seq)
+
+
 def _attention_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, training: bool,
                  off: frozenset) -> float:
     spec = w.model
@@ -159,8 +180,9 @@ def _attention_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, tr
     passes = _passes(w)[0] if training else 1.0
     if "causal_attention" in off:
         return fwd * passes / (peak * hfu) / (w.tp * w.pp)
-    if w.attn != "eager":
-        return 0.5 * fwd * passes / (peak * attention_fraction(gpu)) / (w.tp * w.pp)
+    if w.attn != "eager":   # 2 (q_dim + o_dim) FLOPs per computed key (flops.attention_flops_per_token)
+        computed = 2.0 * (spec.q_dim + spec.o_dim) * fused_keys(w) * tokens
+        return computed * passes / (peak * attention_fraction(gpu)) / (w.tp * w.pp)
     # eager: full score matrix at the GEMM rate, plus its bytes: matmul out (a), x scaling (2a),
     # + mask (3a), fp32 softmax (a + 4), cast (4 + a), read by the PV matmul (a) = 9a + 8 per element
     scores = w.batch * spec.num_heads * w.seq * spec.attended_tokens(w.seq)   # summed over layers

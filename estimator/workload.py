@@ -112,6 +112,10 @@ class Workload:
     loss: str = field(default="hf", metadata=dict(
         help="training loss: hf = transformers' loss from labels (fp32 upcast of the logits; HF Trainer, TRL); "
              "model-dtype = a loop's own cross_entropy on the model's logits (no fp32 upcast)", choices=LOSSES))
+    padding_mask: bool = field(default=False, metadata=dict(
+        help="training batches padded to --seq with their attention mask (zeros on the padding): transformers "
+             "hands SDPA a 4D mask, so PyTorch runs its memory-efficient kernel over every key block (no "
+             "FlashAttention, no causal skipping); every position still computes"))
 
     @property
     def training(self) -> bool:
@@ -241,6 +245,11 @@ def _check_method(w: Workload) -> None:
         raise InputError("ZeRO, FSDP and offload apply to training; inference takes --gpus with --tp or --pp instead")
     if not w.training and (w.liger or w.activation_offload or w.loss != "hf"):
         raise InputError("--liger, --activation-offload and --loss apply to training")
+    if w.padding_mask and not w.training:
+        raise InputError("--padding-mask applies to training (padded batches with their attention mask)")
+    if w.padding_mask and w.attn == "flash":
+        raise InputError("--padding-mask with --attn flash: transformers' FlashAttention unpads the batch and runs "
+                         "the real tokens only; give those as --seq without --padding-mask")
     if w.liger and w.loss != "hf":
         raise InputError("--liger replaces the loss with its fused linear cross-entropy: drop --loss")
     if w.kbit_prep == "on" and (w.quant == "none" or not w.training):

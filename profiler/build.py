@@ -361,16 +361,25 @@ def make_optimizer(model, w: Workload):
 
 @dataclass(frozen=True)
 class Batch:
-    """Random token ids (no padding, so no attention mask) for one micro-batch."""
+    """Random token ids for one micro-batch; an attention mask only with --padding-mask."""
 
     input_ids: object
     labels: object
+    attention_mask: object = None
 
 
 def make_batch(w: Workload, vocab_size: int, device: str, seed: int = 0) -> Batch:
-    """`batch` x `seq` random token ids on `device`; labels are the inputs (causal LM loss)."""
+    """`batch` x `seq` random token ids on `device`; labels are the inputs (causal LM loss). With
+    `padding_mask` the batch carries an attention mask whose last quarter of each row is 0 (a batch
+    padded to --seq, as universal-llm-trainer's qa_dataset pads to max_length); every position still
+    computes."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     ids = torch.randint(0, vocab_size, (w.batch, w.seq), generator=gen).to(device)
-    return Batch(input_ids=ids, labels=ids if w.training else None)
+    mask = None
+    if w.padding_mask:
+        mask = torch.ones(w.batch, w.seq, dtype=torch.long)
+        mask[:, w.seq - max(1, w.seq // 4):] = 0
+        mask = mask.to(device)
+    return Batch(input_ids=ids, labels=ids if w.training else None, attention_mask=mask)

@@ -34,7 +34,8 @@ def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) ->
                 _own_loss_step(model, batch, w, device_type)
                 continue
             with _autocast(w, device_type), _offload(model, w, device_type):
-                loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
+                loss = model(input_ids=batch.input_ids, labels=batch.labels, attention_mask=batch.attention_mask,
+                             use_cache=False).loss
             (loss / w.grad_accum).backward()
             del loss
     optimizer.step()
@@ -50,7 +51,7 @@ def _own_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:
     import torch.nn.functional as F
 
     with _autocast(w, device_type), _offload(model, w, device_type):
-        output = model(input_ids=batch.input_ids, use_cache=False)
+        output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         logits = output.logits
         loss = F.cross_entropy(logits[:, :-1, :].reshape(-1, logits.size(-1)), batch.labels[:, 1:].reshape(-1))
     del logits, output

@@ -289,7 +289,8 @@ def train_phase(engine, batch: builder.Batch, w: Workload):
 
     def step() -> None:
         for _ in range(w.grad_accum):
-            loss = engine(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
+            loss = engine(input_ids=batch.input_ids, labels=batch.labels, attention_mask=batch.attention_mask,
+                          use_cache=False).loss
             engine.backward(loss)
             engine.step()
             del loss

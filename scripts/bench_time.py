@@ -14,6 +14,9 @@ optimistic answers, for the mechanism before issue 11 ("before": hardware FLOPs 
 MFU table), half the communication exposed, decode = bytes over 70 % of bandwidth) and now
 ("after": estimator.api.estimate, uncalibrated).
 
+--rows adds every row's errors and, for training and prefill rows, the HFU the estimate used and the
+one the row needs (the compute sum inverted on the measured time, `implied_hfu`).
+
   python scripts/bench_time.py [--rows] [--json] [--csv PATH]
 """
 
@@ -34,6 +37,7 @@ sys.path.insert(0, ROOT)
 from estimator import tables  # noqa: E402
 from estimator.api import DEFAULT_INTER_NODE, estimate  # noqa: E402
 from estimator.timing import inference_time, train_time  # noqa: E402
+from estimator.compute_time import hfu_terms  # noqa: E402
 from estimator.configs import load_spec  # noqa: E402
 from estimator.flops import prefill_flops, training_flops  # noqa: E402
 from estimator.memory import kv_cache_bytes  # noqa: E402
@@ -45,7 +49,7 @@ DEV_SET = Path(ROOT) / "calibrations" / "measurements" / "published" / "time.csv
 TIME_METRICS = ("step_s", "job_s", "prefill_s")           # seconds: time directly
 RATE_METRICS = ("decode_tokens_per_s_incl_prefill", "decode_tokens_per_s", "total_tokens_per_s")
 _INT = ("gpus", "nodes", "batch", "seq", "new_tokens", "grad_accum", "lora_rank", "zero", "tp")
-_BOOL = ("grad_ckpt", "compiled", "liger")
+_BOOL = ("grad_ckpt", "compiled", "liger", "padding_mask")
 # the achieved fractions of estimator/data/mfu.csv before issue 11 (MFU applied to hardware FLOPs)
 BEFORE_MFU = {("full", "a100-80gb"): 0.55, ("full", "a100-40gb"): 0.5, ("full", "h100-80gb"): 0.4,
               "full": 0.4, "lora": 0.35, "qlora": 0.25, "inference-prefill": 0.45, "decode-bandwidth": 0.7}
@@ -139,6 +143,24 @@ def without(w: Workload, gpu_slug: str, est, off: frozenset):
     return inference_time(w, gpu, hfu, est.corrections["decode_bandwidth_fraction"]["value"], est.memory, off)
 
 
+def implied_hfu(row: dict, w: Workload, est) -> float | None:
+    """The GEMM fraction (HFU) that would make the estimator's compute match the row: the compute sum
+    inverted (estimator.compute_time.hfu_terms: compute = work / (peak x HFU) + fixed) on the measured
+    time less the step's exposed communication, optimizer step and fixed overhead. Training and prefill
+    rows only; inf where the parts that do not depend on HFU already exceed the measurement."""
+    t, gpu = est.time, tables.gpu(row["gpu_slug"])
+    if row["metric"] == "prefill_s":
+        compute = measured_time(row)
+    elif w.training and row["metric"] in ("step_s", "job_s"):
+        step = measured_time(row) * t.step_s / predicted_time(row, w, t)   # per optimizer step
+        compute = (step - t.exposed_comm_s - t.optimizer_s - t.overhead_s) / w.grad_accum
+    else:
+        return None
+    work, fixed = hfu_terms(w, gpu)
+    left = compute - fixed
+    return work / (gpu.peak_flops(w.compute_dtype) * left) if left > 0 else math.inf
+
+
 def kind(w: Workload, row: dict) -> str:
     if w.training:
         return "training, 1 GPU" if w.world_size == 1 else "training, several GPUs"
@@ -167,7 +189,8 @@ def score(rows: list[dict]) -> tuple[list[dict], dict]:
                  "gpu": row["gpu_slug"], "kind": kind(w, row), "quantized": w.quant != "none",
                  "measured_s": measured,
                  "before": predicted_time(row, w, before) / measured - 1.0,
-                 "after": predicted_time(row, w, est.time) / measured - 1.0}
+                 "after": predicted_time(row, w, est.time) / measured - 1.0,
+                 "hfu": est.corrections["mfu"]["value"], "implied_hfu": implied_hfu(row, w, est)}
         for name in MECHANISMS:
             t = without(w, row["gpu_slug"], est, frozenset({name}))
             entry["off:" + name] = predicted_time(row, w, t) / measured - 1.0
@@ -243,9 +266,12 @@ def main(argv=None) -> int:
     print(render(result))
     if args.rows:
         print()
+        print(" before   after  kind                   gpu           model         HFU (row needs)  source: locator")
         for r in scored:
+            need = r["implied_hfu"]
+            hfu = "" if need is None else f"{r['hfu']:.2f} ({'>1' if need > 1 else f'{need:.2f}'})"
             print(f"{r['before']:>+7.0%} {r['after']:>+7.0%}  {r['kind']:<22} {r['gpu']:<13} {r['model']:<13} "
-                  f"{r['source']}: {r['locator'][:70]}")
+                  f"{hfu:<16} {r['source']}: {r['locator'][:70]}")
     return 0
 
 

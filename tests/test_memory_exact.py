@@ -428,3 +428,18 @@ def test_adamw_8bit_about_two_bytes_per_param_at_scale():
     n = 6_738_415_616
     m = mem(load_spec("llama-2-7b"), optimizer="adamw-8bit", batch=1, seq=16)
     assert 2.0 * n < m.optimizer_states_bytes <= 2.05 * n
+
+
+def test_padding_mask_saves_the_converted_mask_row_and_repeated_kv_per_layer():
+    # tiny Llama, bf16: a padded batch gives SDPA a 4D mask in every layer, so the memory-efficient
+    # kernel saves the mask converted to bf16 (one row of S keys per query: 2 x S bytes) and
+    # transformers repeats k and v to the 4 query heads (2 x 2 B x (q 64 - kv 32) per token)
+    from estimator.activations import activation_key, score_bytes_per_token
+
+    spec = spec_from_config(json.loads((Path(__file__).parent / "data" / "tiny-llama.json").read_text()), "tiny")
+    w = Workload(spec, method="full", batch=2, seq=64, padding_mask=True).validate()
+    assert score_bytes_per_token(activation_key(w), 64) == 2 * 64 + 2 * 2 * (64 - 32) == 256
+    assert score_bytes_per_token(activation_key(w.with_(padding_mask=False)), 64) == 0
+    # saved activations: 256 B per token and layer more (2 layers x 128 tokens, no checkpointing)
+    padded, plain = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(padding_mask=False), 0.0, 0)
+    assert padded.activations_bytes - plain.activations_bytes == 256 * 2 * 128

@@ -28,7 +28,7 @@ EVERY_FIELD = {"method": "qlora", "precision": "amp-bf16", "optimizer": "paged-a
                "adamw_impl": "foreach", "batch": 3, "seq": 96, "grad_accum": 2, "lora_rank": 8,
                "lora_targets": "all-linear", "dora": True, "grad_ckpt": True, "attn": "eager", "quant": "fp4",
                "double_quant": False, "gpus": 2, "nodes": 2, "zero": 3, "offload": "optimizer+params",
-               "tp": 2, "pp": 2, "loss": "model-dtype"}
+               "tp": 2, "pp": 2, "loss": "model-dtype", "padding_mask": True}
 INFERENCE = {"method": "inference", "new_tokens": 7, "batch": 2, "seq": 64, "compiled": True}
 # the training stack's fields (FSDP excludes ZeRO, so they move in a case of their own)
 STACK = {"method": "qlora", "quant": "nf4", "fsdp": "hybrid", "gpus": 2, "nodes": 2, "kbit_prep": "on",

@@ -68,3 +68,19 @@ def test_a_plain_model_accumulates_without_no_sync():
     steps.train_step(model, optimizer, build.make_batch(w, 1000, "cpu"), w, "cpu")
     assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_padding_mask_batch_reaches_the_model_with_its_zeros():
+    # --padding-mask: rows padded to --seq, the last quarter masked (8 tokens: positions 6 and 7)
+    case = Case(TINY, {"method": "full", "precision": "fp32", "batch": 2, "seq": 8, "padding_mask": True})
+    w = case.workload()
+    batch = build.make_batch(w, 1000, "cpu")
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1, 0, 0]] * 2
+    assert build.make_batch(case.workload().with_(padding_mask=False), 1000, "cpu").attention_mask is None
+    torch.manual_seed(0)
+    model = build.build_model(case.config(), w, "cpu")
+    seen = []
+    model.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(kwargs.get("attention_mask")),
+                                    with_kwargs=True)
+    steps.train_step(model, build.make_optimizer(model, w), batch, w, "cpu")
+    assert seen and seen[0] is batch.attention_mask

@@ -117,6 +117,55 @@ def test_causal_attention_runs_half_the_scores_at_the_flash_fraction(llama):
         fwd * 3 / (312e12 * 0.55) + scores * 26 * 3 / (A100_BW * 0.7))
 
 
+def test_padding_mask_makes_sdpa_compute_every_block(llama):
+    # a padded batch with its attention mask: SDPA gets a 4D mask, the memory-efficient kernel runs
+    # every query x key block (no causal half), still at the fused-attention fraction (0.5 on A100)
+    t = estimate(Workload(llama, method="full", batch=1, seq=8192, padding_mask=True), "a100-80gb", "none").time
+    fwd = 2 * (4096 + 4096) * 8192 * 32 * 8192               # every key of every layer, 1 x 8192 queries
+    assert t.compute_parts["attention_s"] == pytest.approx(fwd * 3 / (312e12 * 0.5))
+    # the GEMMs and everything else do not move
+    plain = estimate(Workload(llama, method="full", batch=1, seq=8192), "a100-80gb", "none").time
+    assert t.compute_parts["gemm_s"] == plain.compute_parts["gemm_s"]
+    assert t.compute_parts["attention_s"] == pytest.approx(2 * plain.compute_parts["attention_s"])
+
+
+def test_padding_mask_fills_the_sliding_window():
+    # phi-3-mini: 32 layers, all with a 2047-token window; q_dim = o_dim = 3072. With the mask the
+    # window is in the mask only: every layer computes all 4096 keys of a 4096-token sample
+    phi = load_spec("phi-3-mini")
+    t = estimate(Workload(phi, method="full", batch=1, seq=4096, padding_mask=True), "a100-80gb", "none").time
+    fwd = 2 * (3072 + 3072) * 32 * 4096 * 4096
+    assert t.compute_parts["attention_s"] == pytest.approx(fwd * 3 / (312e12 * 0.5))
+
+
+def test_sdpa_on_sliding_layers_past_the_window_computes_every_key():
+    # keys reaching the window: transformers hands SDPA the 4D sliding mask, so the memory-efficient
+    # kernel computes all keys (no window, no causal half); FlashAttention takes the window itself
+    phi = load_spec("phi-3-mini")   # 32 sliding layers, window 2047, q_dim = o_dim = 3072
+    sdpa = estimate(Workload(phi, method="full", batch=1, seq=4096), "a100-80gb", "none").time
+    assert sdpa.compute_parts["attention_s"] == pytest.approx(
+        2 * 6144 * (32 * 4096) * 4096 * 3 / (312e12 * 0.5))
+    flash = estimate(Workload(phi, method="full", batch=1, seq=4096, attn="flash"), "a100-80gb", "none").time
+    assert flash.compute_parts["attention_s"] == pytest.approx(
+        2 * 6144 * (0.5 * 32 * 2047) * 4096 * 3 / (312e12 * 0.5))
+    # below the window the mask is skipped (is_causal): half of the keys
+    short = estimate(Workload(phi, method="full", batch=1, seq=1024), "a100-80gb", "none").time
+    assert short.compute_parts["attention_s"] == pytest.approx(
+        2 * 6144 * (0.5 * 32 * 1024) * 1024 * 3 / (312e12 * 0.5))
+    # gemma-2-9b: 21 global layers (causal half) and 21 sliding ones (window 4096) at 8192 tokens;
+    # q_dim = o_dim = 16 heads x 256
+    gemma = load_spec("gemma-2-9b")
+    g = estimate(Workload(gemma, method="lora", batch=1, seq=8192), "a100-80gb", "none").time
+    keys = 0.5 * 21 * 8192 + 21 * 8192
+    assert g.compute_parts["attention_s"] == pytest.approx(2 * 8192 * keys * 8192 * 3 / (312e12 * 0.5))
+
+
+@pytest.mark.parametrize("kw", [dict(method="inference"), dict(method="full", attn="flash")])
+def test_padding_mask_refused_where_it_does_not_apply(llama, kw):
+    with pytest.raises(InputError):
+        Workload(llama, padding_mask=True, **kw).validate()
+
+
 def test_elementwise_bytes_counted_from_the_decoder_layer(llama):
     from estimator.compute_time import layer_elementwise_bytes, loss_bytes_per_token
     # 2 RMSNorms x 36 B + 2 residual adds x 6 B per hidden element, rotary 20 B per q/k element,
@@ -241,3 +290,26 @@ def test_the_time_development_set_scores_every_row_with_a_gpu_row():
     assert len(scored) + sum(skipped.values()) == len(rows)
     qwen = [r for r in scored if r["source"] == "qwen3-speed-benchmark"]
     assert len(qwen) == 24 and {r["gpu"] for r in qwen} == {"h20-96gb"}
+
+
+def test_bench_implied_hfu_gives_back_the_table_level_on_the_estimators_own_time(llama):
+    """bench_time --rows: a row measuring exactly the estimate's time needs the HFU the estimate used
+    (mfu.csv: H100 full 0.40, A100 80GB 0.55 for prefill); a row faster than the non-GEMM parts
+    alone needs more than any GEMM can give (inf)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_time", root / "scripts" / "bench_time.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    w = Workload(llama, method="full", batch=1, seq=4096, grad_accum=2, grad_ckpt=True).validate()
+    est = estimate(w, "h100-80gb", "none")
+    row = {"metric": "step_s", "value": str(est.time.step_s), "gpu_slug": "h100-80gb"}
+    assert bench.implied_hfu(row, w, est) == pytest.approx(0.40)
+    row["value"] = str(est.time.optimizer_s + est.time.overhead_s)     # no time left for any kernel
+    assert bench.implied_hfu(row, w, est) == float("inf")
+    p = Workload(llama, method="inference", seq=2048, new_tokens=1).validate()
+    pest = estimate(p, "a100-80gb", "none")
+    prow = {"metric": "prefill_s", "value": str(pest.time.prefill_s), "gpu_slug": "a100-80gb"}
+    assert bench.implied_hfu(prow, p, pest) == pytest.approx(0.55)
