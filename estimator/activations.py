@@ -56,6 +56,16 @@ _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # o
 # with the number of q-sized fp32 tensors alive at once in the prefill
 _FP32_ROTARY = {"olmo": 3, "cohere": 4, "cohere2": 4}
 _FP32_QK_EAGER = ("gptj",)                 # eager attention scores from fp32 casts of q and k
+_FLOAT_QK_ROTARY = ("cohere", "cohere2")   # k.float() made before q's rotary products
+# prefill: the decoder layer keeps its attention locals (the normed input and the attention output)
+# through the MLP (StableLmDecoderLayer without use_parallel_residual, transformers 5.23)
+_KEEPS_ATTENTION_LOCALS = ("stablelm",)
+# norms applied to each sublayer's output (Olmo2DecoderLayer: post_attention_layernorm,
+# post_feedforward_layernorm; no input norm)
+_POST_NORM = ("olmo2",)
+# the shared expert runs before the routed ones and its output waits beside them
+# (Qwen2MoeSparseMoeBlock, Qwen3NextSparseMoeBlock, Ernie4_5_MoeSparseMoeBlock, transformers 5.23)
+_SHARED_FIRST = ("qwen2_moe", "qwen3_next", "ernie4_5_moe")
 
 _PER_HEAD_LAYERNORM = ("stablelm",)        # q/k LayerNorms, one nn.LayerNorm per head
 _FUSED_GATE_UP = ("phi3", "glm", "glm4")   # one gate_up_proj linear
@@ -370,15 +380,23 @@ def _sliding_mask_bytes(key: ActivationKey, kv_tokens: int) -> int:
     (one row of kv_tokens per query, made per layer), and transformers repeats k and v to every head
     (`use_gqa_in_sdpa` needs no mask). Averaged over the layers, as the layer formulas."""
     spec = key.model
+    per_layer, layers = _sdpa_mask_layer_bytes(key, kv_tokens)
+    return round(per_layer * layers / spec.num_layers)
+
+
+def _sdpa_mask_layer_bytes(key: ActivationKey, kv_tokens: int) -> tuple[int, int]:
+    """(bytes per query token on one layer whose SDPA call gets a 4-D mask: the mask row converted
+    to the compute dtype and k and v repeated to every head, the number of such layers)
+    (`_sliding_mask_bytes`)."""
+    spec = key.model
     if key.padding_mask:
-        sliding = sum(spec.window_layers)
+        layers = sum(spec.window_layers)
     elif not spec.sliding_window or kv_tokens < spec.sliding_window:
-        return 0
+        return 0, 0
     else:
-        sliding = spec.window_layers[1]
+        layers = spec.window_layers[1]
     compute = dtypes(key).compute
-    per_layer = compute * kv_tokens + 2 * compute * (spec.q_dim - spec.kv_dim)
-    return round(per_layer * sliding / spec.num_layers)
+    return compute * kv_tokens + 2 * compute * (spec.q_dim - spec.kv_dim), layers
 
 
 def _activation_saves(spec: ModelSpec, dt: Dtypes) -> tuple[int, int, bool]:
@@ -713,12 +731,21 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
     runs: the masked scores, the fp32 copy softmax(dtype=float32) makes and its fp32 output (a
     plain softmax: input and output in the compute dtype). Under AMP the mask is fp32 (the
     hidden states' dtype), so the masked scores already are: 4 + 4 B per score. Attention sinks
-    (GPT-OSS) keep the masked scores beside the concatenated logits and the softmax."""
+    (GPT-OSS) keep the masked scores beside the concatenated logits and the softmax. SDPA with a
+    4-D mask (a sliding layer past its window, a padded batch) adds the converted mask row and k
+    and v repeated to every head."""
     spec = key.model
     compute, q_dim, kv_dim = dtypes(key).compute, spec.q_dim, spec.kv_dim
     if key.attn != "eager":
-        return compute * (2 * q_dim + 2 * kv_dim)
+        per_layer, layers = _sdpa_mask_layer_bytes(key, kv_tokens) if key.attn == "sdpa" else (0, 0)
+        return compute * (2 * q_dim + 2 * kv_dim) + (per_layer if layers else 0)
     k_heads = q_dim if spec.num_kv_heads != spec.num_heads else kv_dim
+    if spec.model_type in _FP32_QK_EAGER:
+        # GPTJAttention: the q and k projections stay referenced by their q_pass/k_pass views, the
+        # rotated q beside the cache's k, and _attn's fp32 copies of q and k
+        qk = compute * (2 * q_dim + k_heads) + 4 * (q_dim + k_heads)
+    else:
+        qk = compute * (2 * q_dim + 2 * k_heads)
     mask = 4 if key.amp else compute
     if key.amp:
         scores = 8
@@ -728,22 +755,24 @@ def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> i
         # GPT-OSS's eager_attention_forward: the masked scores stay referenced while the sink column
         # is concatenated, the row max subtracted and the softmax taken: one more score-sized tensor
         scores += 4 if key.amp else compute
-    return compute * (2 * q_dim + 2 * k_heads) + (mask + scores * spec.num_heads) * kv_tokens
+    return qk + (mask + scores * spec.num_heads) * kv_tokens
 
 
 def inference_rotary_bytes_per_token(key: ActivationKey) -> int:
     """Prefill working set per token while a layer's queries get their rotary embedding in fp32
     (OLMo: fp32 cos/sin tables; Cohere, Cohere2: q.float(), k.float()), 0 for the other families:
     q, k and v in the compute dtype, `_FP32_ROTARY` q-sized fp32 tensors at once (q * cos,
-    rotate_half(q) and its product with sin; Cohere's q.float() too), the fp32 cos and sin tables,
+    rotate_half(q) and its product with sin; Cohere's q.float() too, and its k.float()), the fp32
+    cos and sin tables,
     and the layer input and normed input (hidden width). This layer's keys are not cached yet."""
     spec = key.model
     compute = dtypes(key).compute
     if spec.model_type not in _FP32_ROTARY or compute == 4:
         return 0
     q_dim, kv_dim = spec.q_dim, spec.kv_dim
-    return (compute * (q_dim + 2 * kv_dim) + 4 * _FP32_ROTARY[spec.model_type] * q_dim + 8 * spec.head_dim
-            + 2 * compute * spec.hidden_size)
+    k_float = 4 * kv_dim if spec.model_type in _FLOAT_QK_ROTARY else 0
+    return (compute * (q_dim + 2 * kv_dim) + 4 * _FP32_ROTARY[spec.model_type] * q_dim + k_float
+            + 8 * spec.head_dim + 2 * compute * spec.hidden_size)
 
 
 def inference_linear_attention_bytes_per_token(key: ActivationKey) -> float:
@@ -766,7 +795,8 @@ def inference_linear_attention_bytes_per_token(key: ActivationKey) -> float:
 
 def inference_mlp_bytes_per_token(key: ActivationKey) -> int:
     """Prefill MLP transient per token: activation, up and product (gated); `gelu_new` keeps its
-    input, 0.5 x and two intermediates (fp32 under autocast, after pow). MoE: the routed copies."""
+    input, 0.5 x and two intermediates (fp32 under autocast, after pow); a fused gate_up linear's
+    output stays whole while its gate and up views are used. MoE: the routed copies."""
     spec, compute = key.model, dtypes(key).compute
     if spec.is_moe and spec.num_moe_layers:
         moe = _inference_moe_bytes_per_token(key, compute)
@@ -774,7 +804,9 @@ def inference_mlp_bytes_per_token(key: ActivationKey) -> int:
             return moe
         return max(moe, 3 * compute * spec.intermediate_size)     # the dense layers' gated MLP
     width, blocks = (spec.intermediate_size, 1.0) if spec.is_moe else mlp_width(spec)
-    if spec.mlp_gated:
+    if spec.mlp_gated and spec.model_type in _FUSED_GATE_UP:
+        per_width = 4 * compute    # the gate_up output (gate and up are its views), activation, product
+    elif spec.mlp_gated:
         per_width = 3 * compute
     elif spec.activation == "gelu_new":
         per_width = 2 * compute + (8 if key.amp else 2 * compute)
@@ -787,8 +819,9 @@ def _inference_moe_bytes_per_token(key: ActivationKey, compute: int) -> int:
     """Prefill MoE transient per token (transformers 5.23 `grouped_mm_experts_forward`, no grad):
     per chosen expert, the sorted copy of the input with the gate/up output and its activation,
     or later that copy, the experts' output and two routing-weighted copies (the weighted rows and
-    their reordering) in the routing weights' dtype (fp32 for an fp32 router); then the shared
-    expert beside the experts' summed output."""
+    their reordering) in the routing weights' dtype (fp32 for an fp32 router), beside the shared
+    expert's output where it ran first (`_SHARED_FIRST`); else the shared expert beside the
+    experts' summed output."""
     spec, hidden = key.model, key.model.hidden_size
     mt = spec.model_type
     if mt in _DENSE_EXPERTS:
@@ -802,11 +835,32 @@ def _inference_moe_bytes_per_token(key: ActivationKey, compute: int) -> int:
     width = spec.moe_intermediate_size
     experts = spec.experts_per_token * max(compute * (hidden + 3 * width), hidden * (2 * compute + 2 * routing))
     shared = compute * (hidden + 3 * spec.shared_expert_intermediate_size)
+    if mt in _SHARED_FIRST and spec.shared_expert_intermediate_size:
+        experts += compute * hidden     # the shared expert's output
     return max(experts, shared)
 
 
 def inference_residual_bytes_per_token(key: ActivationKey) -> int:
-    """Hidden-width tensors alive around a layer's peak in the prefill: the layer input (held by
-    the model's loop), the residual, the normed input and one more (a cast or a projection)."""
+    """Hidden-width tensors alive around a layer's peak in the prefill: the embeddings (the model's
+    inputs_embeds), the layer input (held by the model's loop), the residual and the normed input."""
     dt = dtypes(key)
     return (3 * dt.residual + dt.compute) * key.model.hidden_size
+
+
+def inference_mlp_locals_bytes_per_token(key: ActivationKey) -> int:
+    """Hidden-width tensors a decoder layer keeps beside its MLP beyond the residual's
+    (`_KEEPS_ATTENTION_LOCALS`: the attention's normed input and output), 0 for the others."""
+    spec = key.model
+    if spec.model_type in _KEEPS_ATTENTION_LOCALS and not spec.parallel_block:
+        return 2 * dtypes(key).compute * spec.hidden_size
+    return 0
+
+
+def inference_post_norm_bytes_per_token(key: ActivationKey) -> int:
+    """Prefill working set per token while a post-norm family (`_POST_NORM`) normalises the MLP's
+    output: the embeddings, layer input, residual and MLP output, the norm's fp32 normalised input
+    and its fp32 weighted product, and the cast output; 0 for the others."""
+    spec, dt = key.model, dtypes(key)
+    if spec.model_type not in _POST_NORM:
+        return 0
+    return (4 * dt.residual + dt.compute + 8) * spec.hidden_size

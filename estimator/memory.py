@@ -137,7 +137,7 @@ def working_sets(parts: Components, activation_scale: float = 1.0, logits_scale:
         second = parts.gradients + parts.optimizer_temporaries * temporaries_scale
     else:
         persistent = parts.weights + parts.kv_cache
-        first = parts.activations * activation_scale + parts.kv_growth
+        first = parts.activations * activation_scale
         second = parts.quant_workspace + parts.kv_growth   # a dequantized weight lives only in its matmul
     return persistent, first, second
 
@@ -480,20 +480,23 @@ def kv_dtype_bytes(w: Workload) -> int:
 def _inference_working_set(w: Workload, params: ParamCounts) -> float:
     """Largest transient of the prefill (no_grad) besides the KV cache: the larger of one layer's
     attention (q, k, v, output; eager: scores while softmax runs, the 4-D mask) and its MLP, with
-    the residual stream, or the last position's logits; under AMP plus the weight cast of the
-    matmul running (not cached without gradients: the lm_head's is the largest)."""
+    the residual stream, a post-norm's or an fp32 rotary's moment, or the last position's logits;
+    under AMP plus the weight cast of the matmul running (not cached without gradients: the
+    lm_head's is the largest). The attention's k and v stand for the layer's keys and values before
+    DynamicCache's first `cat` copies them (the cache term holds the copy)."""
     key, spec = _activation_key(w), w.model
     act_bytes, tokens = act.dtypes(key).compute, w.batch * w.seq
     attention = act.inference_attention_bytes_per_token(key, w.seq) * tokens
     attention = max(attention, act.inference_linear_attention_bytes_per_token(key) * tokens)   # Qwen3-Next
-    mlp = act.inference_mlp_bytes_per_token(key) * tokens
+    mlp = (act.inference_mlp_bytes_per_token(key) + act.inference_mlp_locals_bytes_per_token(key)) * tokens
     residual = act.inference_residual_bytes_per_token(key) * tokens
+    post_norm = act.inference_post_norm_bytes_per_token(key) * tokens
     casts = 2 * max(lin.d_in * lin.d_out for lin in params.linears) if w.amp else 0
     # fp32 rotary (OLMo, Cohere): the last layer's keys are not cached yet at that point
     rotary = act.inference_rotary_bytes_per_token(key) * tokens
     if rotary:
         rotary -= inference_kv_bytes(spec, w.batch, w.seq, 0, kv_dtype_bytes(w), 1) / spec.num_layers
-    layer = (max(max(mlp, attention) + residual, rotary) + casts) / w.tp
+    layer = (max(max(mlp, attention) + residual, rotary, post_norm) + casts) / w.tp
     head = 2 * (params.lm_head or params.embedding) if w.amp else 0
     logits = (w.batch * spec.vocab_size * act_bytes + head + act_bytes * spec.hidden_size * tokens) / w.tp
     return max(layer, logits)
