@@ -107,6 +107,7 @@ class Components(NamedTuple):
     accumulated_gradients: float    # gradients alive in the forward/backward (grad_accum > 1)
     kv_cache: float
     kv_growth: float                # inference: one layer's cache copied while DynamicCache grows
+    kv_generated: float = 0.0       # inference: the part of kv_cache the decode adds after the prefill
 
 
 class Corrections(NamedTuple):
@@ -128,17 +129,19 @@ def working_sets(parts: Components, activation_scale: float = 1.0, logits_scale:
                  temporaries_scale: float = 1.0) -> tuple[float, float, float]:
     """(persistent, first working set, second working set), bytes; the peak allocated is the
     persistent states plus the larger working set. Training: forward/backward and optimizer step;
-    inference: the prefill's working set and a dequantized weight, each beside one layer's cache
-    growth. The scales multiply their component where it lives."""
+    inference: the prefill's working set beside the prompt's cache, and the decode's: the generated
+    tokens' cache, one layer's cache growth and a dequantized weight. The scales multiply their
+    component where it lives."""
     if parts.training:
         persistent = parts.weights + parts.optimizer_states + parts.master_weights + parts.zero_buffers
         first = (parts.activations * activation_scale + parts.logits_and_loss * logits_scale
                  + parts.autocast_weight_cache + parts.quant_workspace + parts.accumulated_gradients)
         second = parts.gradients + parts.optimizer_temporaries * temporaries_scale
     else:
-        persistent = parts.weights + parts.kv_cache
+        persistent = parts.weights + parts.kv_cache - parts.kv_generated     # the prompt's cache
         first = parts.activations * activation_scale
-        second = parts.quant_workspace + parts.kv_growth   # a dequantized weight lives only in its matmul
+        # a dequantized weight lives only in its matmul
+        second = parts.kv_generated + parts.kv_growth + parts.quant_workspace
     return persistent, first, second
 
 
@@ -157,7 +160,7 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
     if parts.training:
         phase = "forward/backward" if first >= second else "optimizer step"
     else:
-        phase = "prefill"
+        phase = "prefill" if first >= second else "decode"
     allocated = int(persistent + max(first, second)) + corrections.allocated_constant_bytes
     reserved = round_up(allocated * (1.0 + corrections.reserve_fraction) + corrections.reserve_bytes)
     nccl = corrections.nccl_buffers_bytes if parts.multi_gpu else 0
@@ -518,15 +521,18 @@ def components(w: Workload) -> Components:
     temps = states.temporaries
     if not w.training:
         kv = inference_kv_bytes(spec, w.batch, w.seq, w.new_tokens, kv_dtype_bytes(w), w.tp)
+        prompt_kv = inference_kv_bytes(spec, w.batch, w.seq, 0, kv_dtype_bytes(w), w.tp)
         kv_per_layer = kv / spec.num_layers
-        kv *= sizes.layers / spec.num_layers   # pipeline stages hold their own layers' cache
+        stages = sizes.layers / spec.num_layers   # pipeline stages hold their own layers' cache
+        kv, prompt_kv = kv * stages, prompt_kv * stages
         return Components(
             training=False, multi_gpu=w.world_size > 1, weights=states.weights, gradients=states.gradients,
             optimizer_states=states.optimizer, master_weights=states.master, zero_buffers=states.zero_buffers,
             paged_optimizer=states.paged, host=states.host, activations=_inference_working_set(w, params),
             logits_and_loss=0, optimizer_temporaries=temps, autocast_weight_cache=0,
             quant_workspace=quant_workspace, accumulated_gradients=0, kv_cache=kv,
-            kv_growth=kv_per_layer)  # DynamicCache grows by concatenation: one layer copied
+            kv_growth=kv_per_layer,  # DynamicCache grows by concatenation: one layer copied
+            kv_generated=kv - prompt_kv)
     per_token = _per_token(_activation_key(w))
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
     acts, casts = forward_backward.activations, forward_backward.casts

@@ -99,8 +99,10 @@ def _expected(plain, w):
     else:
         logits, temps = c.logits_and_loss, c.optimizer_temporaries
         growth = c.kv_cache / w.model.num_layers      # DynamicCache copies one layer as it grows
-        persistent = c.weights + c.kv_cache
-        working = max(acts + growth, c.quant_workspace + growth)
+        # Llama: every layer caches every token, so the generated tokens' share of the final cache
+        generated = c.kv_cache * w.new_tokens / (w.seq + w.new_tokens)
+        persistent = c.weights + c.kv_cache - generated
+        working = max(acts, generated + growth + c.quant_workspace)
     allocated = int(persistent + working) + FACTORS["allocated_constant_bytes"]
     res = FACTORS["reserve"].get(w.method, FACTORS["reserve"]["*"])
     reserved = math.ceil((allocated * (1 + res["fraction"]) + res["bytes"]) / (2 * MiB)) * 2 * MiB
