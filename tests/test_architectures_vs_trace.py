@@ -15,7 +15,7 @@ import transformers
 from estimator.errors import InputError
 from estimator.model import spec_from_config
 from estimator.workload import Workload
-from profiler.trace.families import FAMILIES, METHODS, compare_family, workload
+from profiler.trace.families import FAMILIES, METHODS, QLORA_NO_PREP, compare_family, workload
 from tests.arch_configs import TRACED
 
 transformers.logging.set_verbosity_error()
@@ -26,6 +26,7 @@ _GROUPED_MOE = ("deepseek_v3-moe", "deepseek_v2-lite", "qwen3_next", "gpt_oss", 
                 "olmoe", "granitemoe", "phimoe", "ernie4_5_moe")
 REFUSED = {(name, "qlora"): "grouped_mm" for name in _GROUPED_MOE}
 CASES = [(name, method) for name in FAMILIES for method in METHODS]
+CASES += [(name, QLORA_NO_PREP) for name in _GROUPED_MOE]   # the QLoRA those MoE models do run
 
 
 @functools.lru_cache(maxsize=None)

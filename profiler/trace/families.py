@@ -19,6 +19,9 @@ import copy
 SETTINGS = dict(batch=2, seq=256)
 NEW_TOKENS = 4
 METHODS = ("full", "lora", "qlora", "inference")
+# QLoRA without kbit preparation: traced where QLoRA with it is refused (fused experts that
+# transformers' grouped_mm takes in bf16 only), as TRL runs QLoRA under FSDP and ms-swift everywhere
+QLORA_NO_PREP = "qlora-no-prep"
 
 # the families' own module names: MLA's q_b_proj/kv_b_proj, GPT-J's out_proj and fc_in, GLM's fused
 # gate_up_proj, Qwen3-Next's linear-attention in_proj_qkvz/out_proj
@@ -160,8 +163,10 @@ def workload(name: str, method: str):
     cfg = FAMILIES[name]
     mt = cfg["model_type"]
     settings = dict(method=method, attn=attn(mt), lora_targets=lora_targets(mt), **SETTINGS)
-    if method == "qlora":
+    if method in ("qlora", QLORA_NO_PREP):
         settings["quant"] = "nf4"
+    if method == QLORA_NO_PREP:
+        settings.update(method="qlora", kbit_prep="off")
     if method == "inference":
         settings["new_tokens"] = NEW_TOKENS
     return Workload(spec_from_config(config(name), name), **settings).validate()
