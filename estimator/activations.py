@@ -824,6 +824,11 @@ def _inference_moe_bytes_per_token(key: ActivationKey, compute: int) -> int:
     experts' summed output."""
     spec, hidden = key.model, key.model.hidden_size
     mt = spec.model_type
+    if key.quant == "mxfp4":
+        # Mxfp4GptOssExperts.forward_routed: matmul_ogs gathers the routed rows and fuses SwiGLU (the
+        # intermediate cache is one expert width per route), the second scatters and weights them
+        # into the output
+        return compute * (spec.experts_per_token * spec.moe_intermediate_size + hidden)
     if mt in _DENSE_EXPERTS:
         # Llama4TextMoe: the repeated input and its scaled copy, then per expert the gate/up output,
         # activation and product beside the bmm output; then the routed output and the scaled input

@@ -16,7 +16,7 @@ from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
 from estimator.versions import installed_versions
-from estimator.workload import NO_SDPA, Workload
+from estimator.workload import MXFP4_MODEL_TYPES, NO_SDPA, Workload
 
 DEFAULT_INTER_NODE = "ib-hdr"
 _COMPONENTS = ("weights_bytes", "gradients_bytes", "optimizer_states_bytes", "master_weights_bytes",
@@ -113,7 +113,7 @@ class Estimate:
         w = self.workload
         attn = (f"eager attention: {w.model.model_type} has no SDPA in transformers 5.23 (what it loads with "
                 f"when no attn_implementation is given)",) if (w.model.model_type in NO_SDPA and w.attn == "eager") else ()
-        return regime(w).notes + attn
+        return regime(w).notes + attn + _mxfp4_note(w)
 
     def dominant(self, n: int = 3) -> list[tuple[str, int]]:
         """The largest memory components, largest first."""
@@ -180,6 +180,21 @@ def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBre
     if w.training:
         return train_time(w, gpu, hfu, memory, inter_node)
     return inference_time(w, gpu, hfu, corrections["decode_bandwidth_fraction"]["value"], memory)
+
+
+def _mxfp4_note(w: Workload) -> tuple[str, ...]:
+    """The line saying how GPT-OSS's MXFP4 experts are held (transformers 5.23 quantizer_mxfp4.py)."""
+    if w.model.model_type not in MXFP4_MODEL_TYPES:
+        return ()
+    if w.quant == "mxfp4":
+        return ("MXFP4 experts as shipped: transformers keeps them only with the `kernels` package, triton >= 3.4 "
+                "and compute capability 7.5+, else it dequantizes them to bf16 (--quant none)",)
+    if w.quant == "none":
+        why = ("MXFP4 does not train: fine-tuning loads it with Mxfp4Config(dequantize=True)" if w.training else
+               "what transformers loads without the `kernels` package or on compute capability < 7.5; --quant "
+               "mxfp4 keeps them as shipped")
+        return (f"bf16 experts: {why}",)
+    return ()
 
 
 def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec | None = None,

@@ -41,7 +41,7 @@ from estimator.lora_targets import adapter_shapes
 from estimator.model import ModelSpec
 from estimator.params import count_params
 from estimator.regimes import regime
-from estimator.workload import Workload
+from estimator.workload import BNB_QUANTS, Workload
 
 # FlashAttention-3 (Shah et al. 2024, abstract): FlashAttention-2 reaches only 35 % of peak on H100
 HOPPER_PREFIXES = ("h100", "h200", "h20", "gh200")
@@ -262,7 +262,7 @@ def dequant_uses(w: Workload, training: bool) -> float:
 
 
 def _dequant_s(w: Workload, gpu: tables.GpuSpec, training: bool) -> float:
-    if w.quant == "none":
+    if w.quant not in BNB_QUANTS:   # MXFP4's matmul_ogs reads the packed experts in its GEMM
         return 0.0
     return dequant_bytes_per_use(w) * dequant_uses(w, training) / bandwidth(gpu)
 

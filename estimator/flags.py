@@ -209,6 +209,10 @@ def resolve(args: argparse.Namespace) -> Resolved:
             reading = sources.combine([reading, quantization.read(own, f"{ref}: quantization_config")])
     settings = {**reading.fields, **flags_given}
     settings.pop("model", None)
+    if (settings.get("quant") == "mxfp4" and "quant" not in flags_given
+            and settings.get("method", "inference") != "inference"):
+        # MXFP4 does not train: fine-tuning recipes load it with Mxfp4Config(dequantize=True)
+        settings["quant"] = "none"     # the regime line says why (estimator/api.py _mxfp4_note)
     if settings.get("method") == "lora" and settings.get("quant") in ("nf4", "fp4") and "method" not in flags_given:
         settings["method"] = "qlora"          # a LoRA adapter on a 4-bit base is QLoRA
     origin = {name: ("flag" if name in flags_given else reading.origin.get(name, "default"))

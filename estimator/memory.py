@@ -46,7 +46,7 @@ from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime
 from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
 from estimator.units import MiB
-from estimator.workload import Workload
+from estimator.workload import BNB_QUANTS, Workload
 
 ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks (large segments)
 # Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl f2cd577
@@ -506,8 +506,9 @@ def _inference_working_set(w: Workload, params: ParamCounts) -> float:
 
 
 def _quant_workspace(w: Workload, params: ParamCounts) -> float:
-    """bitsandbytes dequantizes one weight to the compute dtype per matmul."""
-    if w.quant == "none":
+    """bitsandbytes dequantizes one weight to the compute dtype per matmul (MXFP4's matmul_ogs reads
+    the packed experts directly)."""
+    if w.quant not in BNB_QUANTS:
         return 0.0
     return 2 * max(lin.d_in * lin.d_out for lin in params.linears) / w.tp
 

@@ -141,9 +141,18 @@ def _quantized_linear_bytes(key: StatesKey, elements: float, rows: float) -> flo
     return elements * 0.5 + 4 * elements / block
 
 
+def mxfp4_bytes_per_element() -> float:
+    """MXFP4 storage per weight element: two FP4 (E2M1) values per uint8 `_blocks` byte and one E8M0
+    uint8 `_scales` byte per block of 32 (OCP Microscaling Formats (MX) v1.0 section 5; transformers
+    5.23 integrations/mxfp4.py `convert_moe_packed_tensors`); the triton swizzled layout's padding is
+    not counted."""
+    return 0.5 + 1.0 / overhead("mxfp4_block_elements")
+
+
 def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
     """Base weights on one GPU (adapters excluded).
 
+    MXFP4 (GPT-OSS inference) packs the routed experts only (`mxfp4_bytes_per_element`).
     bitsandbytes replaces nn.Linear modules only: transformers 5 stores MoE experts as fused 3-D
     parameters, which stay unquantized. Training on a quantized base through peft's
     prepare_model_for_kbit_training upcasts every non-quantized parameter (embeddings, norms,
@@ -153,6 +162,8 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
     base = _base_dtype_bytes(key)
     if key.quant == "none":
         return sizes.total * base
+    if key.quant == "mxfp4":   # the routed experts' weights packed (biases and the rest as loaded)
+        return sizes.expert_w * mxfp4_bytes_per_element() + (sizes.total - sizes.expert_w) * base
     fraction = _layer_fraction(key)
     dense = [lin for lin in params.linears if not lin.expert]
     quantized = sum(lin.weight_params for lin in dense) * fraction

@@ -41,7 +41,7 @@ from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.states import local_sizes, lora_params, states_key, weights_bytes
 from estimator.units import TFLOPS
-from estimator.workload import Workload
+from estimator.workload import BNB_QUANTS, Workload
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,7 @@ class DecodeParts:
 def decode_parts(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown, cached: int) -> DecodeParts:
     a = w.activation_dtype_bytes
     weights = memory.weights_bytes
-    if w.quant != "none":   # the half-precision step, times the measured slowdown
+    if w.quant in BNB_QUANTS:   # the half-precision step, times the measured slowdown
         weights = count_params(w.model).total / (w.tp * w.pp) * a
     moved = weights + kv_cache_bytes(w.model, w.batch, cached, a, w.tp)
     extra = 0.0

@@ -20,7 +20,12 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "
 ADAMW_IMPLS = ("fused", "foreach", "single")
 ATTENTIONS = ("eager", "sdpa", "flash")
 NO_SDPA = ("gptj", "gpt_oss")   # model_types transformers 5.23 builds with eager or flash_attention_2 only (_supports_sdpa = False)
-QUANTS = ("none", "int8", "nf4", "fp4")
+QUANTS = ("none", "int8", "nf4", "fp4", "mxfp4")
+BNB_QUANTS = ("int8", "nf4", "fp4")   # bitsandbytes: nn.Linear replaced, weights dequantized per matmul
+# MXFP4 (transformers 5.23 quantizers/quantizer_mxfp4.py, integrations/mxfp4.py): GPT-OSS's fused experts
+# as shipped (4-bit blocks and an 8-bit scale per 32 elements), run by the triton matmul_ogs kernels
+# from the `kernels` package on CUDA compute capability 7.5+; inference only (is_trainable is False)
+MXFP4_MODEL_TYPES = ("gpt_oss",)
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 ZERO_STAGES = (0, 1, 2, 3)
 FSDP_MODES = ("none", "full", "grad-op", "hybrid")  # FSDP2 fully_shard: reshard after forward or not, HSDP
@@ -82,7 +87,8 @@ class Workload:
     grad_ckpt: bool = field(default=False, metadata=dict(help="gradient checkpointing"))
     attn: str = field(default="sdpa", metadata=dict(help="attention implementation", choices=ATTENTIONS))
     quant: str = field(default="none", metadata=dict(
-        help="bitsandbytes weights (default: nf4 with --method qlora, else none)", choices=QUANTS))
+        help="quantized weights: bitsandbytes int8/nf4/fp4 (default: nf4 with --method qlora, else none), "
+             "or GPT-OSS's MXFP4 experts as shipped (inference)", choices=QUANTS))
     double_quant: bool = field(default=True, metadata=dict(help="QLoRA without double quantization"))
     gpus: int = field(default=1, metadata=dict(help="GPUs per node", metavar="N"))
     nodes: int = field(default=1, metadata=dict(help="nodes", metavar="N"))
@@ -230,6 +236,8 @@ def _check_experts(w: Workload) -> None:
 
 
 def _check_method(w: Workload) -> None:
+    if w.quant == "mxfp4":
+        _check_mxfp4(w)
     if w.method == "qlora":
         if w.quant not in ("nf4", "fp4"):
             raise InputError("QLoRA stores the base weights in 4 bits: quant must be nf4 or fp4")
@@ -269,6 +277,15 @@ def _check_method(w: Workload) -> None:
         raise InputError("FlashAttention runs in fp16/bf16 only; use sdpa or eager with fp32")
     if w.quant != "none" and w.compute_dtype == "fp32" and w.method == "inference":
         raise InputError("quantized inference computes in fp16/bf16; choose --precision bf16 or fp16")
+
+
+def _check_mxfp4(w: Workload) -> None:
+    if w.model.model_type not in MXFP4_MODEL_TYPES:
+        raise InputError(f"MXFP4 replaces GPT-OSS's experts only (transformers 5.23 Mxfp4GptOssExperts); "
+                         f"{w.model.model_type} has none: use --quant none, int8, nf4 or fp4")
+    if w.training:
+        raise InputError("MXFP4 weights do not train in transformers 5.23 (Mxfp4HfQuantizer.is_trainable is False): "
+                         "load with Mxfp4Config(dequantize=True), whose experts are bf16: --quant none")
 
 
 def _check_dora(w: Workload) -> None:

@@ -1,5 +1,6 @@
 """A bitsandbytes `BitsAndBytesConfig` dict (or a model config's `quantization_config`) -> quant,
-double_quant (transformers 5.23 `utils/quantization_config.py` `BitsAndBytesConfig`)."""
+double_quant (transformers 5.23 `utils/quantization_config.py` `BitsAndBytesConfig`); an MXFP4
+`Mxfp4Config` (GPT-OSS as shipped) -> quant mxfp4, or none where it asks to dequantize."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ from estimator.sources import Mapper, Reading
 def read(config: dict, name: str = "quantization config") -> Reading:
     m = Mapper(config, name)
     method = m.get("quant_method", str)
+    if method == "mxfp4":
+        dequantize = bool(m.get("dequantize", bool, False))
+        m.set("quant", "none" if dequantize else "mxfp4",
+              "quant_method mxfp4" + (" + dequantize (bf16 experts)" if dequantize else ""))
+        m.quiet("modules_to_not_convert")
+        return m.finish()
     if method is not None and method != "bitsandbytes":
-        raise InputError(f"{name}: quant_method {method!r} is not modelled (bitsandbytes 4-bit and 8-bit are)")
+        raise InputError(f"{name}: quant_method {method!r} is not modelled (bitsandbytes 4-bit and 8-bit, "
+                         "and GPT-OSS's mxfp4, are)")
     four, eight = m.get("load_in_4bit", bool), m.get("load_in_8bit", bool)
     if four and eight:
         raise InputError(f"{name}: load_in_4bit and load_in_8bit are both true")
