@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from estimator.lora_targets import is_all_linear, is_pattern
 from estimator.regimes import regime
-from estimator.workload import Workload
+from estimator.workload import BNB_QUANTS, Workload
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
@@ -66,7 +66,7 @@ def required_packages(w: Workload) -> list[str]:
     need = []
     if w.method in ("lora", "qlora"):
         need.append("peft")
-    if w.quant != "none" or w.optimizer.endswith("8bit") or w.optimizer.startswith("paged"):
+    if w.quant in BNB_QUANTS or w.optimizer.endswith("8bit") or w.optimizer.startswith("paged"):
         need.append("bitsandbytes")
     if w.zero:
         need.append("deepspeed")
@@ -89,6 +89,9 @@ def check_packages(w: Workload) -> None:
     refused = hybrid_refusal(w)
     if refused:   # never measured as something else: a skipped row says why
         raise MissingPackage(refused)
+    if w.quant == "mxfp4":
+        raise MissingPackage("the profiler does not build quant mxfp4 (GPT-OSS's packed experts run by the "
+                             "`kernels` package's triton matmul_ogs) yet (estimator only)")
     if w.compiled and w.training:   # the profiler never calls torch.compile
         raise MissingPackage("the profiler does not build compiled True (torch.compile of the training step) "
                              "yet (estimator only)")

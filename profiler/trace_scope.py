@@ -18,6 +18,9 @@ def check_traceable(w: Workload) -> None:
                                   "saved tensors there cannot be told apart (the profiler measures it on cuda)")
     if w.optimizer not in ("adamw", "sgd", "adafactor"):
         raise NotImplementedError(f"bitsandbytes optimizer {w.optimizer} does not run on fake tensors")
+    if w.quant == "mxfp4":
+        raise NotImplementedError("MXFP4 experts (triton matmul_ogs from the `kernels` package) do not run on "
+                                  "fake CPU tensors")
     if w.quant == "int8":
         raise NotImplementedError("int8 (LLM.int8) layers have no stand-in; 4-bit ones do")
     if w.fp8:

@@ -90,3 +90,13 @@ def test_the_catalog_model_serves_mxfp4_and_trains_bf16(capsys):
 ])
 def test_refused_where_transformers_has_no_mxfp4_path(capsys, argv, words):
     assert_refused(CLI, capsys, argv, words, "estimate.py", ROOT / "calibrations")
+
+
+def test_the_profiler_and_the_tracer_say_they_do_not_build_it():
+    from profiler.build import MissingPackage, check_packages
+    from profiler.trace_scope import check_traceable
+
+    with pytest.raises(MissingPackage, match="mxfp4"):
+        check_packages(_w())
+    with pytest.raises(NotImplementedError, match="MXFP4"):
+        check_traceable(_w())
