@@ -10,7 +10,7 @@ from estimator.bounds import verdict as verdict_of
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
 from estimator.errors import InputError
 from estimator.fp8 import gpu_refusal
-from estimator.memory import Components, MemoryBreakdown, components
+from estimator.memory import Components, MemoryBreakdown, blas_workspace_bytes, components
 from estimator.states import lora_params
 from estimator.params import count_params
 from estimator.regimes import regime
@@ -23,7 +23,7 @@ _COMPONENTS = ("weights_bytes", "gradients_bytes", "optimizer_states_bytes", "ma
                "activations_bytes", "logits_and_loss_bytes", "kv_cache_bytes",
                "optimizer_temporaries_bytes", "autocast_weight_cache_bytes", "quant_workspace_bytes",
                "zero_buffers_bytes", "paged_optimizer_bytes", "cuda_context_bytes",
-               "nccl_buffers_bytes", "allocator_reserve_bytes")
+               "nccl_buffers_bytes", "allocator_reserve_bytes", "blas_workspace_bytes")
 
 
 # the version of the --json output (docs/estimate-output.schema.json); a change of meaning bumps it
@@ -210,7 +210,7 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
         raise InputError(gpu_refusal(gpu))
     cal = resolve(calibration, gpu.slug)
     p = count_params(w.model)
-    parts = components(w)
+    parts = components(w)._replace(blas_workspace=blas_workspace_bytes(w, gpu.compute_capability_major))
     memory, corrections = apply_memory(parts, w, cal)
     corrections.update(time_corrections(cal, w, gpu.slug, p.active))
     time = _time(w, gpu, corrections, memory, inter_node)

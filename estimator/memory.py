@@ -45,6 +45,7 @@ from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime
 from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
+from estimator.defaults import overhead
 from estimator.units import MiB
 from estimator.workload import BNB_QUANTS, Workload
 
@@ -80,6 +81,7 @@ class MemoryBreakdown:
     device_used_bytes: int
     host_bytes: int                 # CPU memory per GPU process for offloaded states
     peak_phase: str
+    blas_workspace_bytes: int = 0   # cuBLAS workspaces from the caching allocator (0: no GPU named)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,6 +110,7 @@ class Components(NamedTuple):
     kv_cache: float
     kv_growth: float                # inference: one layer's cache copied while DynamicCache grows
     kv_generated: float = 0.0       # inference: the part of kv_cache the decode adds after the prefill
+    blas_workspace: float = 0.0     # cuBLAS workspaces (`blas_workspace_bytes`: needs the GPU)
 
 
 class Corrections(NamedTuple):
@@ -133,12 +136,13 @@ def working_sets(parts: Components, activation_scale: float = 1.0, logits_scale:
     tokens' cache, one layer's cache growth and a dequantized weight. The scales multiply their
     component where it lives."""
     if parts.training:
-        persistent = parts.weights + parts.optimizer_states + parts.master_weights + parts.zero_buffers
+        persistent = (parts.weights + parts.optimizer_states + parts.master_weights + parts.zero_buffers
+                      + parts.blas_workspace)
         first = (parts.activations * activation_scale + parts.logits_and_loss * logits_scale
                  + parts.autocast_weight_cache + parts.quant_workspace + parts.accumulated_gradients)
         second = parts.gradients + parts.optimizer_temporaries * temporaries_scale
     else:
-        persistent = parts.weights + parts.kv_cache - parts.kv_generated     # the prompt's cache
+        persistent = parts.weights + parts.kv_cache - parts.kv_generated + parts.blas_workspace   # the prompt's cache
         first = parts.activations * activation_scale
         # a dequantized weight lives only in its matmul
         second = parts.kv_generated + parts.kv_growth + parts.quant_workspace
@@ -179,6 +183,7 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
         nccl_buffers_bytes=int(nccl), allocator_reserve_bytes=reserved - allocated,
         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
         device_used_bytes=int(device_used), host_bytes=int(parts.host), peak_phase=phase,
+        blas_workspace_bytes=int(parts.blas_workspace),
     )
 
 
@@ -470,6 +475,21 @@ def inference_kv_bytes(spec: ModelSpec, batch: int, prompt: int, new_tokens: int
     after_prefill = (batch * spec.num_attention_layers * prompt * spec.kv_cache_width(tp) * dtype_bytes
                      + spec.linear_state_bytes(batch, dtype_bytes))
     return max(after_prefill, kv_cache_bytes(spec, batch, prompt + new_tokens, dtype_bytes, tp))
+
+
+# CUDA compute capability majors whose default cuBLAS workspace is the large one (torch 2.13.0
+# CublasHandlePool.cpp parseChosenWorkspaceSize: Hopper 9, Blackwell 10 and 12)
+_LARGE_BLAS_WORKSPACE_MAJORS = (9, 10, 12)
+
+
+def blas_workspace_bytes(w: Workload, compute_capability_major: int) -> int:
+    """cuBLAS workspaces alive on one GPU: PyTorch takes one per (cuBLAS handle, stream) from its
+    caching allocator at the first GEMM and keeps it (cuBLASLt shares it), and handles are per
+    thread: the forward's thread, and in training the autograd engine's device thread too (two).
+    The size per workspace is estimator/data/overheads.csv's for the GPU's compute capability."""
+    large = compute_capability_major in _LARGE_BLAS_WORKSPACE_MAJORS
+    size = int(overhead("cublas_workspace_bytes_large" if large else "cublas_workspace_bytes_default"))
+    return size * (2 if w.training else 1)
 
 
 def kv_dtype_bytes(w: Workload) -> int:

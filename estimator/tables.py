@@ -12,6 +12,7 @@ import csv
 import datetime
 import math
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +24,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 
 GPU_COLUMNS = ("slug", "name", "memory_bytes", "bf16_dense_tflops", "fp16_dense_tflops",
                "tf32_dense_tflops", "fp32_tflops", "int8_dense_tops", "fp8_dense_tflops",
-               "memory_bandwidth_bytes_per_s", "intra_node_interconnect", "source", "date")
+               "memory_bandwidth_bytes_per_s", "intra_node_interconnect", "compute_capability", "source", "date")
 INTERCONNECT_COLUMNS = ("name", "bandwidth_bytes_per_s", "latency_s", "scope", "source", "date")
 PRICE_COLUMNS = ("slug", "provider", "tier", "region", "multi_node", "usd_per_gpu_hour", "pricing", "source", "date")
 # tier: what kind of offering (RunPod's Community Cloud is third-party hosts; Secure Cloud its data
@@ -61,6 +62,11 @@ class GpuSpec:
     # fp8 (e4m3/e5m2) tensor-core dense peak with fp32 accumulate, what torch._scaled_mm runs
     # (None: no fp8 tensor cores); its datasheet figure is quoted in `source`
     fp8_dense_tflops: float | None = None
+    compute_capability: str = ""      # CUDA compute capability "major.minor" (NVIDIA's CUDA GPUs list)
+
+    @property
+    def compute_capability_major(self) -> int:
+        return int(self.compute_capability.split(".")[0])
 
     def dense_tflops(self, dtype: str) -> float:
         """Dense peak in TFLOPS (1e12 FLOP/s) for dtype in bf16, fp16, tf32, fp32, fp8."""
@@ -257,6 +263,9 @@ def _load_gpus(path: Path) -> dict[str, GpuSpec]:
         if slug in out:
             raise r.fail("slug", f"duplicate slug '{slug}'")
         link = r.text("intra_node_interconnect")
+        capability = r.text("compute_capability")
+        if not re.fullmatch(r"\d+\.\d+", capability):
+            raise r.fail("compute_capability", f"'{capability}' is not major.minor (e.g. 9.0)")
         if link not in links:
             raise r.fail("intra_node_interconnect", f"unknown interconnect '{link}'; known: {', '.join(links)}")
         if links[link].scope != "intra-node":
@@ -266,7 +275,8 @@ def _load_gpus(path: Path) -> dict[str, GpuSpec]:
             r.number("bf16_dense_tflops", optional=True), r.number("fp16_dense_tflops", optional=True),
             r.number("tf32_dense_tflops", optional=True), r.number("fp32_tflops"),
             r.number("int8_dense_tops", optional=True), r.integer("memory_bandwidth_bytes_per_s"),
-            link, *r.provenance(), fp8_dense_tflops=r.number("fp8_dense_tflops", optional=True))
+            link, *r.provenance(), fp8_dense_tflops=r.number("fp8_dense_tflops", optional=True),
+            compute_capability=capability)
     return out
 
 

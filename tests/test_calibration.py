@@ -21,6 +21,9 @@ from estimator.workload import Workload
 
 MiB, GiB = 2**20, 2**30
 GPU = "h100-80gb"
+# torch 2.13's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG ':4096:8'), one per thread
+# that runs GEMMs: the forward's and, in training, the autograd engine's
+WORKSPACE = 4096 * 1024 * 8
 FACTORS = {
     "cuda_context_bytes": 700 * MiB,
     "non_pytorch_bytes": 150 * MiB,
@@ -93,7 +96,7 @@ def _expected(plain, w):
         logits = c.logits_and_loss * FACTORS["logits_scale"]
         temps = c.optimizer_temporaries * FACTORS["optimizer_temporaries_scale"]
         accumulated = c.gradients if w.grad_accum > 1 else 0
-        persistent = c.weights + c.optimizer_states + c.master_weights + c.zero_buffers
+        persistent = c.weights + c.optimizer_states + c.master_weights + c.zero_buffers + 2 * WORKSPACE
         working = max(acts + logits + c.autocast_weight_cache + c.quant_workspace + accumulated,
                       c.gradients + temps)
     else:
@@ -101,7 +104,7 @@ def _expected(plain, w):
         growth = c.kv_cache / w.model.num_layers      # DynamicCache copies one layer as it grows
         # Llama: every layer caches every token, so the generated tokens' share of the final cache
         generated = c.kv_cache * w.new_tokens / (w.seq + w.new_tokens)
-        persistent = c.weights + c.kv_cache - generated
+        persistent = c.weights + c.kv_cache - generated + WORKSPACE
         working = max(acts, generated + growth + c.quant_workspace)
     allocated = int(persistent + working) + FACTORS["allocated_constant_bytes"]
     res = FACTORS["reserve"].get(w.method, FACTORS["reserve"]["*"])
@@ -193,7 +196,9 @@ def test_apply_memory_matches_the_memory_model_assembly(llama):
         fwd = (m.activations_bytes + m.logits_and_loss_bytes + m.autocast_weight_cache_bytes
                + m.quant_workspace_bytes + acc)
         step = m.gradients_bytes + m.optimizer_temporaries_bytes
-        persistent = m.weights_bytes + m.optimizer_states_bytes + m.master_weights_bytes + m.zero_buffers_bytes
+        persistent = (m.weights_bytes + m.optimizer_states_bytes + m.master_weights_bytes + m.zero_buffers_bytes
+                      + m.blas_workspace_bytes)
+        assert m.blas_workspace_bytes == 2 * WORKSPACE, w.id
         assert abs(persistent + max(fwd, step) - m.peak_allocated_bytes) <= 16, w.id
         assert m.peak_phase == ("forward/backward" if fwd >= step else "optimizer step"), w.id
 
