@@ -164,7 +164,11 @@ def test_param_offload_moves_weights_too(l8b):
 def test_inference_kv_cache_grows_with_new_tokens(l8b):
     ms = [mem(l8b, method="inference", batch=4, seq=1024, new_tokens=n) for n in (0, 128, 1024, 4096)]
     assert _strictly_increasing([m.kv_cache_bytes for m in ms])
-    assert _strictly_increasing([m.peak_allocated_bytes for m in ms])
+    # the peak never shrinks; a few new tokens stay under the prefill's working set (which sits beside
+    # the prompt's cache only), many set the peak in the decode
+    peaks = [m.peak_allocated_bytes for m in ms]
+    assert all(a <= b for a, b in zip(peaks, peaks[1:])) and peaks[1] < peaks[2] < peaks[3]
+    assert ms[0].peak_phase == "prefill" and ms[3].peak_phase == "decode"
     # the cache is linear in cached tokens: 1024+4096 tokens vs 1024+0
     assert ms[3].kv_cache_bytes == 5 * ms[0].kv_cache_bytes
 
