@@ -198,7 +198,7 @@ def _mxfp4_note(w: Workload) -> tuple[str, ...]:
 
 
 def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec | None = None,
-             inter_node: str = DEFAULT_INTER_NODE) -> Estimate:
+             inter_node: str = DEFAULT_INTER_NODE, cpu_trace: bool = False) -> Estimate:
     """Predict memory per GPU, step time and (with `job`) job time and cost of `w` on `gpu_slug`.
 
     `calibration`: "auto" (calibrations/<gpu>.json if present), "none", a table path, or a
@@ -210,7 +210,9 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
         raise InputError(gpu_refusal(gpu))
     cal = resolve(calibration, gpu.slug)
     p = count_params(w.model)
-    parts = components(w)._replace(blas_workspace=blas_workspace_bytes(w, gpu.compute_capability_major))
+    # `cpu_trace`: the prediction of a fake-tensor trace on the CPU, which runs no cuBLAS
+    blas = 0 if cpu_trace else blas_workspace_bytes(w, gpu.compute_capability_major)
+    parts = components(w)._replace(blas_workspace=blas)
     memory, corrections = apply_memory(parts, w, cal)
     corrections.update(time_corrections(cal, w, gpu.slug, p.active))
     time = _time(w, gpu, corrections, memory, inter_node)

@@ -13,7 +13,7 @@ import warnings
 
 PATIENCE_S = 2.0
 LIBRARY_LOGGERS = ("transformers", "torch", "peft", "bitsandbytes", "accelerate", "deepspeed", "huggingface_hub",
-                   "urllib3", "datasets")
+                   "urllib3", "datasets", "torchao")
 
 
 @contextlib.contextmanager

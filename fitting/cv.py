@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from estimator.api import estimate
-from estimator.calibration import SCHEMA, Calibration
+from estimator.calibration import SCHEMA, TRACE_GPU, Calibration
 from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
 from fitting.data import Dataset
 from fitting.models import Fit, fit_all
@@ -38,7 +38,7 @@ def predict(data: Dataset, calibration) -> pd.DataFrame:
     """Predicted quantities of every point with `calibration` ("none", a path or a Calibration)."""
     rows = []
     for w in data.workloads:
-        est = estimate(w, data.slug, calibration)
+        est = estimate(w, data.slug, calibration, cpu_trace=data.gpu == TRACE_GPU)
         m = est.memory
         rows.append({"peak_allocated_bytes": float(m.peak_allocated_bytes),
                      "peak_reserved_bytes": float(m.peak_reserved_bytes),

@@ -213,9 +213,10 @@ def _merge_ranks(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([single, frame], ignore_index=True)
 
 
-def _features(w: Workload, gpu_slug: str, row) -> dict:
-    """The estimator's uncalibrated predictions and the components the factor models use."""
-    est = estimate(w, gpu_slug, "none")
+def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
+    """The estimator's uncalibrated predictions and the components the factor models use
+    (`cpu_trace`: of a CPU trace, which takes no cuBLAS workspace)."""
+    est = estimate(w, gpu_slug, "none", cpu_trace=cpu_trace)
     m, t, gpu, parts = est.raw_memory, est.time, est.gpu, est.components
     p = count_params(w.model)
     persistent, first, second = working_sets(parts)   # as estimator.memory.assemble adds them up
@@ -278,7 +279,7 @@ def build_dataset(rows: pd.DataFrame, gpu: str, files: list | None = None) -> Da
     for _, row in rows.iterrows():
         try:
             w = workload_from_row(row)
-            feats = _features(w, slug, row)
+            feats = _features(w, slug, row, cpu_trace=gpu == TRACE_GPU)
         except (InputError, ValueError) as exc:
             reason = f"cannot rebuild the workload: {str(exc)[:80]}"
             skipped[reason] = skipped.get(reason, 0) + 1

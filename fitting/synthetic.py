@@ -92,7 +92,7 @@ def rows(gpu: str = "h100-80gb", factors: dict | None = None, noise: float = 0.0
     out = []
     for w in workloads(models):
         try:
-            est = estimate(w, slug, cal)
+            est = estimate(w, slug, cal, cpu_trace=backend == "trace")
         except InputError:
             continue
         m, t = est.memory, est.time

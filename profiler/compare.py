@@ -99,7 +99,7 @@ def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Cal
         if not slug:
             raise InputError("the row names no GPU (pass --gpu)")
         workload: Workload = workload_from_row(row)
-        est = estimate(workload, slug, calibration=calibration)
+        est = estimate(workload, slug, calibration=calibration, cpu_trace=row.get("backend") == "trace")
         return slug, {q.name: q.predicted(est) for q in QUANTITIES}
     return predict
 

@@ -23,6 +23,3 @@ def check_traceable(w: Workload) -> None:
                                   "fake CPU tensors")
     if w.quant == "int8":
         raise NotImplementedError("int8 (LLM.int8) layers have no stand-in; 4-bit ones do")
-    if w.fp8:
-        raise NotImplementedError("fp8 training (torchao float8: torch._scaled_mm and its casts) is not traced "
-                                  "on fake CPU tensors; the profiler measures it on an fp8 GPU with torchao installed")

@@ -126,9 +126,24 @@ def _dora() -> list[Case]:
     return cases
 
 
+def _fp8() -> list[Case]:
+    """fp8 training (torchao float8, `convert_to_float8_training` as profiler.build applies it,
+    issue 13): full fine-tunes, with and without checkpointing, the three sizes, eager and SDPA."""
+    cases = []
+    for model, settings in (
+            ("meta-llama/Llama-3.2-1B", dict(batch=1, seq=512)),
+            ("meta-llama/Llama-3.2-1B", dict(batch=2, seq=1024, grad_ckpt=True)),
+            ("meta-llama/Llama-3.2-1B", dict(batch=4, seq=2048, grad_ckpt=True)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(batch=2, seq=1024)),
+            ("microsoft/phi-2", dict(batch=1, seq=512, attn="eager")),
+            ("google/gemma-2-2b", dict(batch=1, seq=512, attn="eager", grad_ckpt=True))):
+        cases.append(Case(model, dict(method="full", precision="fp8", **settings), warmup=1, steps=1))
+    return cases
+
+
 def grid() -> list[Case]:
-    """Every configuration of the grid (training, QLoRA, inference, the stacks' regimes, DoRA)."""
-    return _training() + _qlora() + _inference() + _stacks() + _dora()
+    """Every configuration of the grid (training, QLoRA, inference, the stacks' regimes, DoRA, fp8)."""
+    return _training() + _qlora() + _inference() + _stacks() + _dora() + _fp8()
 
 
 # The subset the test suite checks: every family, every method, both kernels, both precisions,
