@@ -203,7 +203,8 @@ def estimate(w: Workload, gpu_slug: str, calibration: str = "auto", job: JobSpec
 
     `calibration`: "auto" (calibrations/<gpu>.json if present), "none", a table path, or a
     `Calibration` object (the fitting package passes its fitted tables this way). Uncalibrated
-    values are NONE's: the same lookups with an empty table."""
+    values are NONE's: the same lookups with an empty table. `cpu_trace`: predict what a
+    fake-tensor trace on the CPU counts, which takes no cuBLAS workspace."""
     w.validate()
     gpu = tables.gpu(gpu_slug)
     if w.fp8 and gpu_refusal(gpu):
