@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Download into .whl/ (git-ignored) the wheels the GPU machine lacks, for Python 3.12 x86-64:
-# bitsandbytes and deepspeed (deepspeed ships an sdist: its wheel is pure Python, built here),
-# and deepspeed's needs the machine's image does not have. About 46 MB: under the 64 MiB carry.
+# bitsandbytes, torchao (fp8 training) and deepspeed (deepspeed ships an sdist: its wheel is pure
+# Python, built here), and deepspeed's needs the machine's image does not have. About 50 MB: under
+# the 64 MiB carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
@@ -9,7 +10,7 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
 # pydantic requires one exact pydantic-core: both pinned to the pair the project's venv resolved
 # (tests/test_gpu_session.py checks the pins against pydantic's own metadata).
-for pkg in bitsandbytes==0.50.2 hjson pydantic==2.14.3 pydantic-core==2.50.4 annotated-types typing-inspection typing-extensions; do
+for pkg in bitsandbytes==0.50.2 torchao==0.18.0 hjson pydantic==2.14.3 pydantic-core==2.50.4 annotated-types typing-inspection typing-extensions; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${plat[@]}" -d .whl "$pkg"
 done

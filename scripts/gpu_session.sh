@@ -2,7 +2,7 @@
 # One call on a lent GPU machine (issue 6): install the carried wheels, run the gpu-marked tests,
 # run the default sweep with the profiler, and pack everything it produced into $OUT.
 #
-# Prepare here (CPU machine), once: scripts/fetch_gpu_wheels.sh puts deepspeed, bitsandbytes and
+# Prepare here (CPU machine), once: scripts/fetch_gpu_wheels.sh puts deepspeed, bitsandbytes, torchao and
 # DeepSpeed's pure-Python needs (hjson, pydantic, pydantic-core, annotated-types,
 # typing-inspection, typing-extensions) for Python 3.12 into .whl/ (git-ignored).
 # Then call the device tool with carry [".whl", "runs/gpu"] and the command:
