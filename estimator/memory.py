@@ -492,6 +492,27 @@ def blas_workspace_bytes(w: Workload, compute_capability_major: int) -> int:
     return size * (2 if w.training else 1)
 
 
+def _decode_transient(w: Workload) -> float:
+    """The largest transient of a decode step beside the cache, bytes per GPU, on a full-attention
+    layer holding every token: DynamicLayer.update (transformers 5.23 cache_utils.py) concatenates
+    the keys, then the values, so the larger of the two exists twice for a moment; eager attention
+    then repeats the layer's keys and values to every query head (repeat_kv; SDPA takes GQA as it
+    is for one query). MLA caches the latent as keys and the rotary key as values."""
+    spec = w.model
+    tokens = w.seq + w.new_tokens
+    if spec.window_layers[0] == 0 and spec.sliding_window:   # every layer slides
+        tokens = min(tokens, spec.sliding_window)
+    per_token = w.batch * kv_dtype_bytes(w)
+    if spec.is_mla:
+        return per_token * tokens * max(spec.kv_lora_rank, spec.qk_rope_head_dim)
+    width = spec.kv_cache_width(w.tp)          # keys and values of one layer, per token
+    cat = per_token * tokens * width / 2
+    if w.attn == "eager" and spec.num_kv_heads < spec.num_heads:
+        heads = spec.num_heads // w.tp if spec.num_heads >= w.tp else 1
+        return max(cat, per_token * tokens * 2 * heads * spec.head_dim)
+    return cat
+
+
 def kv_dtype_bytes(w: Workload) -> int:
     """Bytes per cached element. Under AMP rotary embeddings come out in fp32 (cos/sin follow the
     fp32 hidden states), so the cache, created in the key's dtype, holds fp32 keys and values."""
@@ -543,7 +564,6 @@ def components(w: Workload) -> Components:
     if not w.training:
         kv = inference_kv_bytes(spec, w.batch, w.seq, w.new_tokens, kv_dtype_bytes(w), w.tp)
         prompt_kv = inference_kv_bytes(spec, w.batch, w.seq, 0, kv_dtype_bytes(w), w.tp)
-        kv_per_layer = kv / spec.num_layers
         stages = sizes.layers / spec.num_layers   # pipeline stages hold their own layers' cache
         kv, prompt_kv = kv * stages, prompt_kv * stages
         return Components(
@@ -552,8 +572,7 @@ def components(w: Workload) -> Components:
             paged_optimizer=states.paged, host=states.host, activations=_inference_working_set(w, params),
             logits_and_loss=0, optimizer_temporaries=temps, autocast_weight_cache=0,
             quant_workspace=quant_workspace, accumulated_gradients=0, kv_cache=kv,
-            kv_growth=kv_per_layer,  # DynamicCache grows by concatenation: one layer copied
-            kv_generated=kv - prompt_kv)
+            kv_growth=_decode_transient(w), kv_generated=kv - prompt_kv)
     per_token = _per_token(_activation_key(w))
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
     acts, casts = forward_backward.activations, forward_backward.casts

@@ -101,7 +101,11 @@ def _expected(plain, w):
                       c.gradients + temps)
     else:
         logits, temps = c.logits_and_loss, c.optimizer_temporaries
-        growth = c.kv_cache / w.model.num_layers      # DynamicCache copies one layer as it grows
+        # a decode step's transient on one layer: DynamicCache concatenates keys, then values (the
+        # old and new copy of one of them); eager attention repeats both to the query heads
+        layer = c.kv_cache / w.model.num_layers
+        spec = w.model
+        growth = layer * spec.num_heads / spec.num_kv_heads if w.attn == "eager" else layer / 2
         # Llama: every layer caches every token, so the generated tokens' share of the final cache
         generated = c.kv_cache * w.new_tokens / (w.seq + w.new_tokens)
         persistent = c.weights + c.kv_cache - generated + WORKSPACE

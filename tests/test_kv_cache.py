@@ -390,3 +390,17 @@ def _linear_bytes(cache) -> tuple:
 
 def _run_linear(cfg, dtype):
     return _run(cfg, dtype, _linear_bytes)
+
+
+def test_a_decode_step_copies_one_layers_keys_or_repeats_them_for_eager():
+    """transformers 5.23 DynamicLayer.update: torch.cat of the keys, then of the values, so one of
+    them exists twice for a moment; eager attention then repeats the layer's keys and values to the
+    32 query heads (repeat_kv), SDPA does not (GQA for one query)."""
+    from estimator.memory import components
+
+    spec = load_spec("llama-3.1-8b")              # 32 layers, 32 heads, 8 kv heads, head_dim 128
+    tokens = 128 + 8192
+    for attn, expected in (("sdpa", 1 * tokens * 8 * 128 * 2), ("eager", 1 * tokens * 2 * 32 * 128 * 2)):
+        w = Workload(spec, method="inference", batch=1, seq=128, new_tokens=8192, attn=attn).validate()
+        assert components(w).kv_growth == expected, attn
+        assert estimate_memory(w, 0.0, 0).peak_phase == "decode"
