@@ -826,9 +826,11 @@ def _inference_moe_bytes_per_token(key: ActivationKey, compute: int) -> int:
     mt = spec.model_type
     if key.quant == "mxfp4":
         # Mxfp4GptOssExperts.forward_routed: matmul_ogs gathers the routed rows and fuses SwiGLU (the
-        # intermediate cache is one expert width per route), the second scatters and weights them
-        # into the output
-        return compute * (spec.experts_per_token * spec.moe_intermediate_size + hidden)
+        # intermediate cache is one expert width per route); the second writes one hidden row per
+        # route (its scatter scratchpad) and the weighted sum per token (triton-lang/triton
+        # python/triton_kernels/triton_kernels/matmul_ogs.py init_allocation: M + Mc output rows)
+        k = spec.experts_per_token
+        return compute * (k * (spec.moe_intermediate_size + hidden) + hidden)
     if mt in _DENSE_EXPERTS:
         # Llama4TextMoe: the repeated input and its scaled copy, then per expert the gate/up output,
         # activation and product beside the bmm output; then the routed output and the scaled input
