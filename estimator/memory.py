@@ -44,8 +44,8 @@ from estimator.activations import ActivationKey, activation_key
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime
-from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
 from estimator.defaults import overhead
+from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
 from estimator.units import MiB
 from estimator.workload import BNB_QUANTS, Workload
 
@@ -108,7 +108,7 @@ class Components(NamedTuple):
     quant_workspace: float
     accumulated_gradients: float    # gradients alive in the forward/backward (grad_accum > 1)
     kv_cache: float
-    kv_growth: float                # inference: one layer's cache copied while DynamicCache grows
+    kv_growth: float                # inference: a decode step's transient (`_decode_transient`)
     kv_generated: float = 0.0       # inference: the part of kv_cache the decode adds after the prefill
     blas_workspace: float = 0.0     # cuBLAS workspaces (`blas_workspace_bytes`: needs the GPU)
 
@@ -133,7 +133,7 @@ def working_sets(parts: Components, activation_scale: float = 1.0, logits_scale:
     """(persistent, first working set, second working set), bytes; the peak allocated is the
     persistent states plus the larger working set. Training: forward/backward and optimizer step;
     inference: the prefill's working set beside the prompt's cache, and the decode's: the generated
-    tokens' cache, one layer's cache growth and a dequantized weight. The scales multiply their
+    tokens' cache, a decode step's transient and a dequantized weight. The scales multiply their
     component where it lives."""
     if parts.training:
         persistent = (parts.weights + parts.optimizer_states + parts.master_weights + parts.zero_buffers
@@ -142,7 +142,8 @@ def working_sets(parts: Components, activation_scale: float = 1.0, logits_scale:
                  + parts.autocast_weight_cache + parts.quant_workspace + parts.accumulated_gradients)
         second = parts.gradients + parts.optimizer_temporaries * temporaries_scale
     else:
-        persistent = parts.weights + parts.kv_cache - parts.kv_generated + parts.blas_workspace   # the prompt's cache
+        # the prompt's cache: the generated tokens' part exists in the decode only
+        persistent = parts.weights + parts.kv_cache - parts.kv_generated + parts.blas_workspace
         first = parts.activations * activation_scale
         # a dequantized weight lives only in its matmul
         second = parts.kv_generated + parts.kv_growth + parts.quant_workspace
