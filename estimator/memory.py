@@ -41,10 +41,10 @@ from typing import NamedTuple
 from estimator import activations as act
 from estimator import dora, fp8
 from estimator.activations import ActivationKey, activation_key
+from estimator.defaults import overhead
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime
-from estimator.defaults import overhead
 from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
 from estimator.units import MiB
 from estimator.workload import BNB_QUANTS, Workload
