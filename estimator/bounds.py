@@ -14,7 +14,8 @@ with k the scale that covered the held-out measurements of a calibration table
 (`upper_bound[q].uncertain_scale`, fitting/published.py, nested leave-one-source-out), or the
 stated default of estimator/data/overheads.csv (`uncalibrated_bound_uncertain_scale`, its coverage
 `uncalibrated_bound_coverage` measured on the published rows). A table row without
-`uncertain_scale` (a per-GPU table of fitting/cv.py) keeps the older form, point x `factor`.
+`uncertain_scale` (a per-GPU table of fitting/cv.py whose factor covered better) keeps the older
+form, point x `factor`.
 A workload far outside the table's data gets the bound widened (`outside_range_bound_widening`).
 The verdict:
 - "fits": the bound of device used memory fits the GPU;

@@ -6,10 +6,13 @@ points predicted below measured), points and models.
 
 Leave one model out: for every architecture (fingerprint) in the data, fit on the others and
 predict its points with the estimator itself (estimator.api.estimate with the fitted table), so
-the error is the error of what users get. The upper bound factor of a quantity is the QUANTILE
-of measured / predicted over those held-out points (at least 1); its coverage is measured the
-same way, one level out: for each model, the factor taken from the other models' ratios, checked
-on that model's points.
+the error is the error of what users get. The upper bound of a memory quantity is point + k x the
+uncertain part of that prediction (estimator.bounds: what is not an exactly counted model state),
+k the QUANTILE of (measured - predicted) / uncertain part over those held-out points (at least 0),
+or the older point x factor, the QUANTILE of measured / predicted (at least 1): each with its
+coverage and median over-provision measured one level out (for each model, the scale taken from
+the other models' points, checked on that model's), and the table keeps the form that covers at
+least as much with less over-provision, as fitting/published.py does. Step time keeps the factor.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import numpy as np
 import pandas as pd
 
 from estimator.api import estimate
+from estimator.bounds import BOUND_QUANTITIES, uncertain_bytes
 from estimator.calibration import SCHEMA, TRACE_GPU, Calibration
+from estimator.defaults import overhead
 from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
 from fitting.data import Dataset
 from fitting.models import Fit, fit_all
@@ -34,17 +39,22 @@ def calibration_of(factors: dict, gpu: str, label: str = "<fit>") -> Calibration
     return Calibration.from_table({"schema": SCHEMA, "gpu": gpu, "factors": factors}, label)
 
 
-def predict(data: Dataset, calibration) -> pd.DataFrame:
-    """Predicted quantities of every point with `calibration` ("none", a path or a Calibration)."""
+def predict(data: Dataset, calibration, uncertain: bool = False) -> pd.DataFrame:
+    """Predicted quantities of every point with `calibration` ("none", a path or a Calibration);
+    with `uncertain`, also each memory quantity's uncertain part (column "u_<quantity>")."""
     rows = []
     for w in data.workloads:
         est = estimate(w, data.slug, calibration, cpu_trace=data.gpu == TRACE_GPU)
         m = est.memory
-        rows.append({"peak_allocated_bytes": float(m.peak_allocated_bytes),
-                     "peak_reserved_bytes": float(m.peak_reserved_bytes),
-                     "device_used_bytes": float(m.device_used_bytes),
-                     "context_bytes": float(m.cuda_context_bytes), "step_s": est.time.step_s})
-    return pd.DataFrame(rows, columns=list(QUANTITIES))
+        row = {"peak_allocated_bytes": float(m.peak_allocated_bytes),
+               "peak_reserved_bytes": float(m.peak_reserved_bytes),
+               "device_used_bytes": float(m.device_used_bytes),
+               "context_bytes": float(m.cuda_context_bytes), "step_s": est.time.step_s}
+        if uncertain:
+            row.update({f"u_{q}": float(v) for q, v in uncertain_bytes(m).items()})
+        rows.append(row)
+    columns = list(QUANTITIES) + ([f"u_{q}" for q in BOUND_QUANTITIES] if uncertain else [])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def metrics(pred, meas, groups=None) -> dict | None:
@@ -81,22 +91,48 @@ def covering_scale(values, at_least: float, quantile: float = QUANTILE) -> float
     return max(at_least, float(np.quantile(values, quantile, method="higher")))
 
 
-def upper_bound(ratio: np.ndarray, groups: np.ndarray, quantile: float = QUANTILE) -> dict | None:
-    """Factor on the prediction covering `quantile` of held-out points, with nested coverage."""
+def upper_bound(ratio: np.ndarray, groups: np.ndarray, quantile: float = QUANTILE,
+                predicted: np.ndarray | None = None, uncertain: np.ndarray | None = None) -> dict | None:
+    """The bound covering `quantile` of held-out points, with nested coverage and median
+    over-provision: point x factor from `ratio` (measured / predicted), and, given the points'
+    `predicted` values and `uncertain` parts, point + k x uncertain part; the form that covers at
+    least as much with less over-provision is kept."""
     ok = np.isfinite(ratio)
+    if uncertain is not None:
+        ok &= np.isfinite(uncertain) & (np.asarray(uncertain, float) > 0)
     ratio, groups = ratio[ok], groups[ok]
     models = sorted(set(groups))
     if len(models) < 2 or len(ratio) < 3:
         return None
     factor = covering_scale(ratio, 1.0, quantile)
-    covered = []
+    covered, over = [], []
     for g in models:
-        others = ratio[groups != g]
-        u = covering_scale(others, 1.0, quantile)
-        covered.extend(ratio[groups == g] <= u)
-    return {"factor": math.ceil(factor * 1e4) / 1e4,  # rounded up: never below what was measured
-            "quantile": quantile, "coverage": float(np.mean(covered)), "points": int(len(ratio)),
-            "models": len(models)}
+        mine = groups == g
+        u = covering_scale(ratio[~mine], 1.0, quantile)
+        covered.extend(ratio[mine] <= u)
+        over.extend(u / ratio[mine] - 1)       # bound / measured - 1, measured = ratio x predicted
+    row = {"factor": math.ceil(factor * 1e4) / 1e4,  # rounded up: never below what was measured
+           "quantile": quantile, "coverage": float(np.mean(covered)), "points": int(len(ratio)),
+           "models": len(models), "over_provision_median": float(np.median(over))}
+    if uncertain is None or predicted is None:
+        return row
+    pred, unc = np.asarray(predicted, float)[ok], np.asarray(uncertain, float)[ok]
+    measured = ratio * pred
+    z = (measured - pred) / unc
+    k_covered, k_over = [], []
+    for g in models:
+        mine = groups == g
+        k = covering_scale(z[~mine], 0.0, quantile)
+        bound = pred[mine] + k * unc[mine]
+        k_covered.extend(bound >= measured[mine])
+        k_over.extend(bound / measured[mine] - 1)
+    k_coverage, k_over_provision = float(np.mean(k_covered)), float(np.median(k_over))
+    if k_coverage >= row["coverage"] and k_over_provision <= row["over_provision_median"]:
+        row.update(uncertain_scale=math.ceil(covering_scale(z, 0.0, quantile) * 1e4) / 1e4,
+                   uncertain_floor_bytes=int(overhead("bound_uncertain_floor_bytes")),
+                   factor_coverage=row["coverage"], factor_over_provision_median=row["over_provision_median"],
+                   coverage=k_coverage, over_provision_median=k_over_provision)
+    return row
 
 
 @dataclass
@@ -115,18 +151,21 @@ def leave_one_model_out(data: Dataset, fitter=fit_all) -> CvResult:
     """Fit on all models but one, predict that one, for every model."""
     frame = data.frame
     raw = predict(data, "none")
-    oof = pd.DataFrame(np.nan, index=range(len(frame)), columns=list(QUANTITIES))
+    columns = list(QUANTITIES) + [f"u_{q}" for q in BOUND_QUANTITIES]
+    oof = pd.DataFrame(np.nan, index=range(len(frame)), columns=columns)
     groups = frame["group"].to_numpy() if len(frame) else np.array([])
     for g in sorted(set(groups)):
         held = groups == g
         fit: Fit = fitter(data.subset(~held).frame, data.gpu)
         cal = calibration_of(fit.factors, data.gpu, f"<cv without {g}>")
-        oof.loc[held, :] = predict(data.subset(held), cal).to_numpy()
+        oof.loc[held, :] = predict(data.subset(held), cal, uncertain=True).to_numpy()
     result = CvResult(oof, raw, error_table(data, oof), error_table(data, raw), folds=len(set(groups)))
     for q in QUANTITIES:
         if q in result.calibrated:
             ratio = frame[f"m_{q}"].to_numpy(float) / oof[q].to_numpy(float)
-            bound = upper_bound(ratio, groups)
+            memory = q in BOUND_QUANTITIES
+            bound = upper_bound(ratio, groups, predicted=oof[q].to_numpy(float) if memory else None,
+                                uncertain=oof[f"u_{q}"].to_numpy(float) if memory else None)
             if bound:
                 result.upper[q] = bound
     return result

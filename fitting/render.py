@@ -60,6 +60,8 @@ def factors(table: dict) -> str:
 def upper_bounds(table: dict) -> str:
     lines = []
     for q, row in table.get("upper_bound", {}).items():
-        lines.append(f"  {q}: prediction x {row['factor']:.4f} covered {row['coverage'] * 100:.0f}% of "
+        form = (f"prediction + {row['uncertain_scale']:.4f} x uncertain part" if row.get("uncertain_scale") is not None
+                else f"prediction x {row['factor']:.4f}")
+        lines.append(f"  {q}: {form} covered {row['coverage'] * 100:.0f}% of "
                      f"held-out points ({row['points']} points, {row['models']} models)")
     return "\n".join(lines) if lines else "  (none: fewer than 2 models)"

@@ -308,3 +308,22 @@ def test_non_pytorch_is_fitted_from_one_kind_of_device_used_reading():
     fit = Fit()
     _fit_device(frame[frame["device_used_source"] != "nvml-process"], fit)
     assert fit.factors["non_pytorch_bytes"] == 140 * mib
+
+
+def test_a_gpu_table_keeps_point_plus_k_uncertain_when_it_covers_as_much_with_less_over_provision():
+    """Misses proportional to the uncertain part (not to the total, which the exact model states
+    dominate on large models): the bound point + k x uncertain part covers them with less
+    over-provision than point x factor, and the row keeps it, with both forms' figures."""
+    from fitting.cv import upper_bound
+
+    rng = np.random.default_rng(3)
+    groups = np.repeat(np.arange(8), 6)
+    exact = np.repeat(np.geomspace(1e9, 60e9, 8), 6)          # weights and states of 8 model sizes
+    uncertain = np.full(48, 2e9)
+    predicted = exact + uncertain
+    measured = predicted + uncertain * rng.uniform(-0.4, 0.4, 48)
+    row = upper_bound(measured / predicted, groups, predicted=predicted, uncertain=uncertain)
+    assert row["uncertain_scale"] <= 0.4 + 1e-9 and row["coverage"] >= row["factor_coverage"]
+    assert row["over_provision_median"] < row["factor_over_provision_median"]
+    # without uncertain parts (step time) only the factor form is made
+    assert "uncertain_scale" not in upper_bound(measured / predicted, groups)
