@@ -92,14 +92,18 @@ def ok_configurations(rows: list[dict]) -> list[dict]:
 
 def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Callable:
     """predict(row) -> (gpu slug, {quantity: value}) from estimator.api.estimate; raises
-    InputError when the row names no GPU or the estimator refuses the workload."""
+    InputError when the row names no GPU or the estimator refuses the workload. A trace row (exact
+    tensor bytes on fake CPU tensors) is set against the raw formulas under `auto`: a GPU's or the
+    published table corrects what a real GPU adds, which a trace never has."""
 
     def predict(row: dict) -> tuple[str, dict]:
-        slug = gpu or row.get("gpu_slug") or (TRACE_PREDICTION_GPU if row.get("backend") == "trace" else None)
+        traced = row.get("backend") == "trace"
+        slug = gpu or row.get("gpu_slug") or (TRACE_PREDICTION_GPU if traced else None)
         if not slug:
             raise InputError("the row names no GPU (pass --gpu)")
         workload: Workload = workload_from_row(row)
-        est = estimate(workload, slug, calibration=calibration, cpu_trace=row.get("backend") == "trace")
+        table = "none" if (traced and calibration == "auto") else calibration
+        est = estimate(workload, slug, calibration=table, cpu_trace=traced)
         return slug, {q.name: q.predicted(est) for q in QUANTITIES}
     return predict
 

@@ -135,6 +135,18 @@ def test_the_estimator_predictor_rebuilds_the_workload_from_the_row():
     assert slug == "h100-80gb"
 
 
+def test_a_trace_row_is_set_against_the_raw_formulas_without_cublas():
+    """A fake-tensor trace counts exact tensor bytes on the CPU: under `auto` it is compared with the
+    uncalibrated estimate (the published table corrects real-GPU effects), less the cuBLAS
+    workspaces a CPU trace never takes."""
+    case = Case(TINY, {"method": "lora", "precision": "bf16", "batch": 4, "seq": 128})
+    r = new_row(case, "trace", status="ok", gpu_slug="", peak_allocated_bytes=10**8)
+    _, predicted = estimate_predictor(calibration="auto")(r)
+    raw = estimate(case.workload(), "h100-80gb", calibration="none").memory
+    assert raw.blas_workspace_bytes > 0
+    assert predicted["peak_allocated_bytes"] == raw.peak_allocated_bytes - raw.blas_workspace_bytes
+
+
 def test_write_comparison_files(tmp_path):
     rows = [row("m", peak_allocated_bytes=2**30, peak_reserved_bytes=2**31, device_used_bytes=3 * 2**30, step_s=0.2),
             row("c", backend="cpu", step_s=5.0)]
