@@ -32,6 +32,7 @@ from fitting.data import Dataset
 from fitting.models import Fit, fit_all
 
 QUANTILE = 0.95
+TIME_FACTORS = ("mfu", "decode_bandwidth_fraction")   # the factors that correct step time
 
 
 def calibration_of(factors: dict, gpu: str, label: str = "<fit>") -> Calibration:
@@ -169,3 +170,30 @@ def leave_one_model_out(data: Dataset, fitter=fit_all) -> CvResult:
             if bound:
                 result.upper[q] = bound
     return result
+
+
+def without(fit: Fit, names, note: str = "") -> Fit:
+    """`fit` less the factors `names` (and their point counts), with `note` added."""
+    return Fit({k: v for k, v in fit.factors.items() if k not in names},
+               {k: v for k, v in fit.points.items() if k not in names},
+               list(fit.notes) + ([note] if note else []))
+
+
+def _time_fitter(frame, gpu: str) -> Fit:
+    return without(fit_all(frame, gpu), TIME_FACTORS)
+
+
+def fit_and_validate(data: Dataset) -> tuple[Fit, CvResult]:
+    """Every factor the points support, judged by leaving one model out. The time factors are kept
+    only when, held out, they predict step time better (median |error|) than the raw formulas: a
+    run whose steps are bound by host work (small models on a slow host) gives GEMM fractions that
+    would make every GPU-bound step of that GPU far too slow."""
+    fit = fit_all(data.frame, data.gpu)
+    cv = leave_one_model_out(data)
+    held, raw = cv.calibrated.get("step_s"), cv.uncalibrated.get("step_s")
+    if any(k in fit.factors for k in TIME_FACTORS) and held and raw and held["median_abs"] > raw["median_abs"]:
+        note = (f"time factors dropped: held out (leave one model out) they predicted step time with median "
+                f"|error| {held['median_abs']:.1%}, the raw formulas {raw['median_abs']:.1%}")
+        fit = without(fit, TIME_FACTORS, note)
+        cv = leave_one_model_out(data, fitter=_time_fitter)
+    return fit, cv

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fitting import calibration_table
-from fitting.cv import CvResult, leave_one_model_out
+from fitting.cv import CvResult, fit_and_validate
 from fitting.data import Dataset, load
-from fitting.models import Fit, fit_all
+from fitting.models import Fit
 
 
 @dataclass
@@ -20,8 +20,7 @@ class Fitted:
 
 def fit_dataset(data: Dataset, file_paths: dict | None = None) -> Fitted:
     """Fit every factor the points support and judge it by leaving one model out."""
-    fit = fit_all(data.frame, data.gpu)
-    cv = leave_one_model_out(data)
+    fit, cv = fit_and_validate(data)
     table = calibration_table.validate(calibration_table.build(data, fit, cv, file_paths=file_paths))
     return Fitted(data, fit, cv, table)
 

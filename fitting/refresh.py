@@ -24,10 +24,9 @@ from estimator.calibration import Calibration
 from estimator.files import atomic_write
 from estimator.versions import VERSION_COLUMNS
 from fitting import calibration_table, render
-from fitting.cv import error_table, leave_one_model_out, predict
+from fitting.cv import error_table, fit_and_validate, predict
 from fitting.data import (MEASUREMENTS_DIR, REPO_ROOT, committed_files, csv_files, display_path, load,
                           read_table_file, sha256)
-from fitting.models import fit_all
 
 NEW_LABEL = "new table (LOMO CV)"
 
@@ -124,8 +123,8 @@ def refresh(run_dirs, gpu_slug: str, table_path: Path | None = None, write: bool
         current = predict(data, cal)
         result.before["current table"] = error_table(data, current)
         result.warnings += _version_warnings(cal, data.frame[new_mask]) if new_mask.any() else []
-    fit = fit_all(data.frame, gpu_slug)
-    cv = leave_one_model_out(data)
+    fit, cv = fit_and_validate(data)
+    result.warnings += fit.notes
     result.after[NEW_LABEL] = cv.calibrated
     if new_mask.any():
         result.this_run["uncalibrated"] = _subset_errors(data, raw, new_mask)

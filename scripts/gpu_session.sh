@@ -8,8 +8,9 @@
 # Then call the device tool with carry [".whl", "runs/gpu"] and the command:
 #     bash scripts/gpu_session.sh [SWEEP_FILE] [LIMIT_S] [--no-tests]
 # A device command may run 10 minutes: the sweep stops after LIMIT_S seconds (default 420) and
-# the run folder resumes on the next call (runs/gpu survives on a warm machine; on a fresh one,
-# unpack the returned run.tgz here first so that carrying runs/gpu brings it back). Every call
+# the run folder resumes on the next call: unpack the returned run.tgz here first, so that carrying
+# runs/gpu brings it back (a carried path that is missing here is REMOVED there, warm machine or not:
+# the first H100 call's second run measured its first 7 configurations again). Every call
 # returns $OUT/run.tgz (runs/gpu and calibrations/: the measurements copied under
 # calibrations/measurements/<gpu>/ and the refreshed calibrations/<gpu>.json) with the logs:
 # unpack, check, commit.
@@ -40,4 +41,4 @@ fi
 timeout "$LIMIT_S" python3 scripts/profile.py $SWEEP --run runs/gpu --no-progress >"$OUT/profile.log" 2>&1
 echo "profile exit $?" >>"$OUT/profile.log"
 tar czf "$OUT/run.tgz" runs/gpu calibrations 2>/dev/null
-tail -40 "$OUT"/*.log
+tail -n 40 "$OUT"/*.log

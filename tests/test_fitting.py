@@ -17,8 +17,8 @@ import pytest
 from estimator.api import estimate
 from estimator.calibration import TRACE_GPU
 from fitting import synthetic
-from fitting.cv import calibration_of, leave_one_model_out, metrics, upper_bound
-from fitting.data import build_dataset, load, read_rows, rows_frame, workload_from_row
+from fitting.cv import calibration_of, fit_and_validate, leave_one_model_out, metrics, upper_bound
+from fitting.data import build_dataset, committed_files, load, read_rows, rows_frame, workload_from_row
 from fitting.models import MIN_POINTS, AllocatedProblem, fit_all
 
 GPU = "h100-80gb"
@@ -327,3 +327,28 @@ def test_a_gpu_table_keeps_point_plus_k_uncertain_when_it_covers_as_much_with_le
     assert row["over_provision_median"] < row["factor_over_provision_median"]
     # without uncertain parts (step time) only the factor form is made
     assert "uncertain_scale" not in upper_bound(measured / predicted, groups)
+
+
+# ---- time factors judged held out -----------------------------------------------------------------
+
+def test_time_factors_kept_when_they_predict_better_held_out():
+    rows = synthetic.rows(GPU, factors=BIASED, noise=0.0, seed=0, models=FEW)
+    fit, cv = fit_and_validate(build_dataset(rows_frame(rows), GPU))
+    assert fit.factors["mfu"]["full"] == pytest.approx(0.3, rel=0.02)
+    assert cv.calibrated["step_s"]["median_abs"] < 0.003
+    assert not any("time factors dropped" in n for n in fit.notes)
+
+
+def test_time_factors_dropped_when_held_out_they_predict_worse():
+    """The first H100 run (calibrations/measurements/h100-80gb/, 2026-11-27): the small models' steps
+    are bound by host work, so the GEMM fractions inverted from them (about 0.09 on full fine-tunes)
+    would make the 8B steps far too slow. Held out, the fitted time factors predict step time worse
+    than the raw formulas: the table drops them, says so, and its step-time errors are the raw ones."""
+    data = load(committed_files("h100-80gb"), "h100-80gb")
+    assert len(data.frame) >= 16
+    assert "mfu" in fit_all(data.frame, "h100-80gb").factors   # the plain fit has them
+    fit, cv = fit_and_validate(data)
+    assert "mfu" not in fit.factors and "decode_bandwidth_fraction" not in fit.factors
+    assert any(n.startswith("time factors dropped") for n in fit.notes)
+    assert cv.calibrated["step_s"]["median_abs"] == pytest.approx(cv.uncalibrated["step_s"]["median_abs"])
+    assert "activation_scale" in fit.factors    # the memory factors stay

@@ -1,0 +1,39 @@
+"""The estimator against the first real GPU measurements (an H100 80GB HBM3, 2026-11-27,
+calibrations/measurements/h100-80gb/: scripts/gpu_session.sh with profiler/sweeps/first-contact.yaml,
+16 configurations of 4 models: full, LoRA, QLoRA with and without kbit preparation, inference).
+
+The expectations are the measurements, never the estimator's own output: the raw formulas (no
+calibration) must land within 1.5% of every measured peak allocated (the exactly counted tensors),
+and the uncalibrated safe bound (estimator/data/overheads.csv, set before these measurements
+existed) must cover every measured device-used figure, so a user who plans on it does not OOM."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from estimator.api import estimate
+from fitting.data import workload_from_row
+
+ROOT = Path(__file__).resolve().parents[1]
+FILE = ROOT / "calibrations" / "measurements" / "h100-80gb" / "h100-first-contact-2026-11-27.csv"
+ROWS = [r for r in csv.DictReader(FILE.open()) if r["status"] == "ok"]
+
+
+def test_the_run_is_what_the_docstring_says():
+    assert len(ROWS) == 16 and {r["gpu_name"] for r in ROWS} == {"NVIDIA H100 80GB HBM3"}
+    assert {r["method"] for r in ROWS} == {"full", "lora", "qlora", "inference"}
+    assert len({r["model"] for r in ROWS}) == 4
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_raw_peak_allocated_within_1_5_percent(row):
+    est = estimate(workload_from_row(row), "h100-80gb", calibration="none")
+    measured = int(row["peak_allocated_bytes"])
+    assert abs(est.memory.peak_allocated_bytes - measured) <= 0.015 * measured, (est.memory.peak_allocated_bytes, measured)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_uncalibrated_safe_bound_covers_device_used(row):
+    est = estimate(workload_from_row(row), "h100-80gb", calibration="none")
+    assert est.safe["device_used_bytes"] >= int(row["device_used_bytes"])
