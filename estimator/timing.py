@@ -237,11 +237,19 @@ def decode_floor_seconds(w: Workload) -> float:
 
 @dataclass(frozen=True)
 class DecodeParts:
-    """One decode step (whole batch): bytes streamed, the launch floor, the time outside both
-    (eager attention over the expanded cache, tensor-parallel all-reduces) and the quantized
-    weights' slowdown. step = (max(moved / achieved bandwidth, floor, flops bound) + extra) x slowdown."""
+    """One decode step (whole batch): bytes streamed, the GPU time of eager attention over the
+    expanded cache, the launch floor, the time after both (tensor-parallel all-reduces) and the
+    quantized weights' slowdown.
+
+    step = (max(moved / achieved bandwidth + attention, floor, flops bound) + extra) x slowdown.
+    Eager PyTorch issues kernels asynchronously: the GPU streams the weights and runs the attention
+    while the host is still issuing the step's later layers, so the GPU's work and the host's floor
+    overlap and the slower of the two sets the step (the first H100 run, calibrations/measurements/
+    h100-80gb/h100-first-contact-2026-11-27.csv: Llama-3.1-8B decode took 22.8 ms per step at batch 1
+    and 23.3 ms at batch 8 with 8x the cache, at the 32-layer host floor both times)."""
 
     moved_bytes: float
+    attention_s: float
     floor_s: float
     extra_s: float
     slowdown: float
@@ -253,21 +261,20 @@ def decode_parts(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown, cach
     if w.quant in BNB_QUANTS:   # the half-precision step, times the measured slowdown
         weights = count_params(w.model).total / (w.tp * w.pp) * a
     moved = weights + kv_cache_bytes(w.model, w.batch, cached, a, w.tp)
-    extra = 0.0
+    attention = 0.0
     if not w.compiled:      # K and V broadcast to the query heads, once per layer
         expanded = attention_flops_per_token(w.model, cached) / 2 * a * w.batch / w.tp
-        extra += expanded / (gpu.memory_bandwidth_bytes_per_s * time_constant("decode_attention_bandwidth_fraction_eager"))
-    if w.tp > 1:
-        extra += 2 * w.model.num_layers / w.pp * time_constant("tp_allreduce_latency_s")
-    return DecodeParts(moved, decode_floor_seconds(w), extra, _slowdown(w))
+        attention = expanded / (gpu.memory_bandwidth_bytes_per_s * time_constant("decode_attention_bandwidth_fraction_eager"))
+    extra = 2 * w.model.num_layers / w.pp * time_constant("tp_allreduce_latency_s") if w.tp > 1 else 0.0
+    return DecodeParts(moved, attention, decode_floor_seconds(w), extra, _slowdown(w))
 
 
 def decode_step_seconds(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,
                         memory: MemoryBreakdown, cached: int) -> float:
     """One decode step for the whole batch with `cached` tokens in the cache (`DecodeParts`)."""
     d = decode_parts(w, gpu, memory, cached)
-    bound = max(d.moved_bytes / (gpu.memory_bandwidth_bytes_per_s * bandwidth_fraction), d.floor_s,
-                decode_flops_per_token(w, cached) / (peak_flops(gpu, w) * hfu))
+    gpu_s = d.moved_bytes / (gpu.memory_bandwidth_bytes_per_s * bandwidth_fraction) + d.attention_s
+    bound = max(gpu_s, d.floor_s, decode_flops_per_token(w, cached) / (peak_flops(gpu, w) * hfu))
     return (bound + d.extra_s) * d.slowdown
 
 

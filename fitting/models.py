@@ -28,7 +28,7 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    GEMM bytes)) (`hfu_terms`); `mfu["method|size"]` and `mfu["method"]` are medians;
    inference: the same on the prefill ("inference-prefill") and
    `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x (s per token / bitsandbytes
-   slowdown - eager attention and TP time)), on the steps above the launch floor only.
+   slowdown - TP time - eager attention)), on the steps above the launch floor only.
 """
 
 from __future__ import annotations
@@ -313,8 +313,9 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     if mfu:
         fit.factors["mfu"], fit.points["mfu"] = mfu, points
     dec = frame[~frame["training"] & frame["m_decode_token_s"].notna() & (frame["decode_bytes"] > 0)]
-    streaming = dec["m_decode_token_s"] / dec["decode_slowdown"] - dec["decode_extra_s"]
-    bound = streaming > 1.05 * dec["decode_floor_s"]   # steps at the launch floor say nothing of bandwidth
+    on_gpu = dec["m_decode_token_s"] / dec["decode_slowdown"] - dec["decode_extra_s"]
+    streaming = on_gpu - dec["decode_attention_s"]   # the attention runs beside the streaming, on the GPU
+    bound = (on_gpu > 1.05 * dec["decode_floor_s"]) & (streaming > 0)   # steps at the launch floor say nothing of bandwidth
     dec, streaming = dec[bound], streaming[bound]
     if len(dec) >= MIN_POINTS:
         frac = dec["decode_bytes"] / (dec["bandwidth"] * streaming)

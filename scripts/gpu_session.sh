@@ -2,9 +2,9 @@
 # One call on a lent GPU machine (issue 6): install the carried wheels, run the gpu-marked tests,
 # run the default sweep with the profiler, and pack everything it produced into $OUT.
 #
-# Prepare here (CPU machine), once: scripts/fetch_gpu_wheels.sh puts deepspeed, bitsandbytes, torchao and
-# DeepSpeed's pure-Python needs (hjson, pydantic, pydantic-core, annotated-types,
-# typing-inspection, typing-extensions) for Python 3.12 into .whl/ (git-ignored).
+# Prepare here (CPU machine), once: scripts/fetch_gpu_wheels.sh puts bitsandbytes, transformers, peft,
+# deepspeed and DeepSpeed's pure-Python needs (or, with --fp8, torchao in their place) for Python 3.12
+# into .whl/ (git-ignored).
 # Then call the device tool with carry [".whl", "runs/gpu"] and the command:
 #     bash scripts/gpu_session.sh [SWEEP_FILE] [LIMIT_S] [--no-tests]
 # A device command may run 10 minutes: the sweep stops after LIMIT_S seconds (default 420) and
@@ -35,8 +35,17 @@ fi
   python3 -c "import bitsandbytes, deepspeed; print('bitsandbytes', bitsandbytes.__version__, 'deepspeed', deepspeed.__version__)"
 } >"$OUT/env.txt" 2>&1
 if [ "$TESTS" != "--no-tests" ]; then
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py >"$OUT/gpu_tests.log" 2>&1
-  echo "gpu tests exit $?" >>"$OUT/gpu_tests.log"
+  # one pytest per test, each under its own timeout, so that every failure's traceback is written
+  # (the first H100 call ran them in one pytest under one timeout: 3 failures, no traceback came back)
+  python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only tests/test_gpu.py 2>/dev/null \
+    | grep '::' >"$OUT/gpu_tests.ids" || true
+  : >"$OUT/gpu_tests.log"
+  while read -r id; do
+    echo "=== $id" >>"$OUT/gpu_tests.log"
+    timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=short -m gpu "$id" >>"$OUT/gpu_tests.log" 2>&1
+    echo "exit $?" >>"$OUT/gpu_tests.log"
+  done <"$OUT/gpu_tests.ids"
+  grep -c '^exit 0' "$OUT/gpu_tests.log" | sed 's/^/gpu tests passed: /' >>"$OUT/gpu_tests.log"
 fi
 timeout "$LIMIT_S" python3 scripts/profile.py $SWEEP --run runs/gpu --no-progress >"$OUT/profile.log" 2>&1
 echo "profile exit $?" >>"$OUT/profile.log"
