@@ -17,7 +17,12 @@ MFU table), half the communication exposed, decode = bytes over 70 % of bandwidt
 --rows adds every row's errors and, for training and prefill rows, the HFU the estimate used and the
 one the row needs (the compute sum inverted on the measured time, `implied_hfu`).
 
-  python scripts/bench_time.py [--rows] [--json] [--csv PATH]
+--measured scores the profiler's own GPU rows instead (calibrations/measurements/<gpu>/*.csv, one
+folder per GPU of gpus.csv: every field of the workload known, each time measured on its own):
+training step, prefill and per-token decode time, uncalibrated (profiler.compare). Some levels were
+read from these rows (time_constants.csv says which), so they are evidence, not a held-out score.
+
+  python scripts/bench_time.py [--rows] [--json] [--csv PATH] [--measured]
 """
 
 from __future__ import annotations
@@ -244,12 +249,61 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+MEASURED_QUANTITIES = (("step_s", "training step"), ("step_s", "inference step (prefill + decode)"),
+                       ("prefill_s", "prefill"), ("decode_token_s", "decode, per token"))
+
+
+def measured(gpu_slugs=None) -> dict:
+    """{gpu: {label: summary}} of the uncalibrated estimate against the profiler's committed rows."""
+    from profiler.compare import compare_rows, estimate_predictor
+    folder = Path(ROOT) / "calibrations" / "measurements"
+    out = {}
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        try:
+            tables.gpu(sub.name)
+        except Exception:  # noqa: BLE001 - a folder of imports or traces, not a GPU's
+            continue
+        if gpu_slugs and sub.name not in gpu_slugs:
+            continue
+        rows = []
+        for f in sorted(sub.glob("*.csv")):
+            with f.open(newline="") as fh:
+                rows += list(csv.DictReader(fh))
+        points = compare_rows(rows, estimate_predictor(sub.name, "none"))
+        training = {r["id"]: r.get("method") != "inference" for r in rows}
+        found = {}
+        for q, label in MEASURED_QUANTITIES:
+            errs = [pt.error for pt in points if pt.quantity == q and pt.error is not None
+                    and (q != "step_s" or training.get(pt.id) == label.startswith("training"))]
+            if errs:
+                found[label] = summary(errs)
+        if found:
+            out[sub.name] = found
+    return out
+
+
+def render_measured(result: dict) -> str:
+    lines = ["time against the profiler's own GPU measurements (calibrations/measurements/<gpu>/, uncalibrated)",
+             f"{'gpu':<12} {'quantity':<34} {'n':>3}  {'median':>6} {'p90':>6} {'signed':>7} {'optim.':>7}"]
+    for gpu, found in result.items():
+        for label, m in found.items():
+            lines.append(f"{gpu:<12} {label:<34} {m['n']:>3}  {m['median_abs']:>6.0%} {m['p90_abs']:>6.0%} "
+                         f"{m['signed_median']:>+7.0%} {m['optimistic']:>7.0%}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--csv", type=Path, default=DEV_SET, help="development set (default: %(default)s)")
     p.add_argument("--rows", action="store_true", help="print every row's errors")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--measured", action="store_true",
+                   help="score the profiler's own GPU rows (calibrations/measurements/<gpu>/) instead")
     args = p.parse_args(argv)
+    if args.measured:
+        found = measured()
+        print(json.dumps(found, indent=2) if args.json else render_measured(found))
+        return 0
     with args.csv.open(newline="") as f:
         rows = list(csv.DictReader(f))
     scored, skipped = score(rows)

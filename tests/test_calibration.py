@@ -353,7 +353,9 @@ def test_cli_text_shows_the_upper_bound_warnings_and_calibrated_extras(table_fil
     bound_gib = data["calibration"]["upper_bound"]["device_used_bytes"] / GiB
     assert _cli(args) == 0
     out = capsys.readouterr().out
-    assert f"safe upper bound of device used: {bound_gib:.2f} GiB" in out
+    assert f"table's device-used bound before widening: {bound_gib:.2f} GiB" in out
+    safe_gib = data["memory"]["safe"]["device_used_bytes"] / GiB   # the safe bound: the table's, widened
+    assert safe_gib > bound_gib and f"{safe_gib:.2f} GiB   covers" in out
     assert "covered 93% of held-out measurements; workload outside the table's data" in out
     assert "warning:" in out and "non_pytorch" in out and "allocated_constant" in out
 

@@ -37,3 +37,14 @@ def test_raw_peak_allocated_within_1_5_percent(row):
 def test_uncalibrated_safe_bound_covers_device_used(row):
     est = estimate(workload_from_row(row), "h100-80gb", calibration="none")
     assert est.safe["device_used_bytes"] >= int(row["device_used_bytes"])
+
+
+def test_bench_time_scores_the_run_per_quantity():
+    from tests.scripts_loader import load_script
+
+    found = load_script("bench_time").measured(["h100-80gb"])["h100-80gb"]
+    training = sum(r["method"] != "inference" for r in ROWS)
+    assert found["training step"]["n"] == training == 10
+    assert found["prefill"]["n"] == found["decode, per token"]["n"] == len(ROWS) - training
+    for label, m in found.items():
+        assert 0 <= m["median_abs"] <= m["p90_abs"], label
