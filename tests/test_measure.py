@@ -79,6 +79,21 @@ def test_time_phases_times_each_phase_of_each_step_and_syncs_once():
     assert clock.syncs == 1
 
 
+def test_the_garbage_collector_is_off_while_timing_and_restored():
+    import gc
+
+    seen = []
+    assert gc.isenabled()
+    measure.time_phases([lambda: seen.append(gc.isenabled())], 3, FakeClock())
+    assert seen == [False] * 3 and gc.isenabled()
+
+    def boom():
+        raise RuntimeError("phase failed")
+    with pytest.raises(RuntimeError):
+        measure.time_phases([boom], 1, FakeClock())
+    assert gc.isenabled()      # restored when a phase raises (an OOM is a result, the run goes on)
+
+
 def test_cpu_clock_measures_real_time():
     out = measure.time_phases([lambda: time.sleep(0.02)], 2, host.CpuClock())
     assert all(0.015 < d[0] < 1.0 for d in out)
