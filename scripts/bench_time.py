@@ -214,16 +214,21 @@ def groups(scored: list[dict]) -> dict:
     out = {}
     keys = ("before", "after") + tuple("off:" + m for m in MECHANISMS)
     names = ["training, 1 GPU", "training, several GPUs", "inference prefill", "decode, eager", "decode, compiled"]
-    for name in names + ["quantized (bitsandbytes)", "all"]:
+    for name in names + ["quantized (bitsandbytes)", "training, all", "inference, all", "all"]:
         if name == "all":
             sel = scored
         elif name.startswith("quantized"):
             sel = [r for r in scored if r["quantized"]]
+        elif name.endswith(", all"):
+            sel = [r for r in scored if r["kind"].startswith("training") == name.startswith("training")]
         else:
             sel = [r for r in scored if r["kind"] == name]
         if sel:
             out[name] = {k: summary([r[k] for r in sel]) for k in keys}
     return out
+
+
+TARGETS = (("training, all", 0.10, 0.25), ("inference, all", 0.20, None))   # issue 11: median, p90
 
 
 def render(result: dict) -> str:
@@ -236,6 +241,11 @@ def render(result: dict) -> str:
             s = g[k]
             cells.append(f"{s['median_abs']:>14.0%}{s['p90_abs']:>6.0%}{s['signed_median']:>+8.0%}{s['optimistic']:>8.0%}")
         lines.append(f"{name:<26}{g['after']['n']:>4}  {cells[0]:>36}  {cells[1]:>36}")
+    lines += ["", "targets (issue 11, after): " + "; ".join(
+        f"{name} median {g['after']['median_abs']:.0%} (<= {med:.0%})"
+        + (f", p90 {g['after']['p90_abs']:.0%} (<= {p90:.0%})" if p90 else "")
+        + (" MET" if g["after"]["median_abs"] <= med and (not p90 or g["after"]["p90_abs"] <= p90) else " MISSED")
+        for name, med, p90 in TARGETS if (g := result["groups"].get(name)))]
     lines += ["", "ablation: median |error| after, and with one mechanism left out"]
     lines.append(f"{'kind':<26}{'after':>7}" + "".join(f"{m[:10]:>11}" for m in MECHANISMS))
     for name, g in result["groups"].items():
