@@ -16,7 +16,8 @@ computes the named parts (`Components`) and `assemble` alone turns them into the
 - optimizer step = gradients + optimizer_temporaries: what lives beyond the gradients once they
   are complete. That is the optimizer's temporaries, or, when it is larger and sets the peak, the
   end of the backward (full fine-tune): the last layer's attention backward while nearly every
-  gradient exists, or the embedding's gradient beside a second one (tied lm_head, accumulation).
+  gradient exists, or the embedding's gradient beside others (tied lm_head: summed out of place;
+  accumulation).
 Inference: weights + KV cache + one layer's cache growth + the larger of the prefill working set
 (a prefill layer's or the logits) and a dequantized weight (quantized base).
 Every moment was checked against fake-tensor traces of the real step (profiler.trace;
@@ -448,11 +449,14 @@ def _bottom_layer_backward(w: Workload, per_token: _PerToken, params: ParamCount
 
 def _end_of_backward(w: Workload, sizes: Sizes, trained: Training) -> float:
     """Beyond the gradients when the backward ends (full fine-tune, no ZeRO): the embedding's
-    gradient made while a second one is alive, the lm_head's contribution to a tied embedding
-    (summed in place by autograd) or the gradient accumulated from earlier micro-batches."""
+    gradient made while a second one is alive. Untied, the one accumulated from earlier
+    micro-batches. Tied, the lm_head's and the embedding's own contributions, which autograd sums
+    out of place into a third tensor (profiler/trace/tracker.py: neither is a tensor its
+    InputBuffer may take; measured on the first H100 run), and with accumulation the earlier
+    micro-batches' gradient beside the three."""
     if w.method != "full" or w.zero or w.fsdp != "none":
         return 0.0
-    copies = int(w.model.tied_embeddings) + int(w.grad_accum > 1)
+    copies = (2 if w.model.tied_embeddings else 0) + int(w.grad_accum > 1)
     return copies * sizes.embed * trained.param_bytes
 
 

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from estimator.configs import load_config
+from estimator.memory import blas_workspace_bytes
 from profiler import build
 from profiler.case import Case
 from profiler.device import simulated
@@ -156,14 +157,21 @@ def test_the_simulated_models_keep_the_architecture(tmp_path):
     assert Device("cuda", tmp_path).model(QWEN) == QWEN
 
 
-def test_peak_allocated_is_what_the_tracer_predicts(states_row):
-    # Not params + grads + Adam alone: Qwen2.5-0.5B ties its embedding, and the backward briefly
-    # holds a second embedding-sized gradient (the lm_head's, summed into the embedding's), which
-    # the tracer sees (about 1.07 x the states). The tracer is the expectation, within 2%.
+def test_peak_allocated_is_what_the_tracer_predicts(states_row, device):
+    # Not params + grads + Adam alone: Qwen2.5-0.5B ties its embedding, and the backward ends with
+    # the lm_head's and the embedding's gradients summed out of place into a third embedding-sized
+    # tensor, which the tracer sees (about 1.14 x the states). On a GPU the allocator also holds
+    # the two cuBLAS workspaces (estimator.memory.blas_workspace_bytes), which no CPU trace has: the
+    # first H100 run measured 4,598,854,144 bytes, the trace then counted 4,224,821,248 (the sum
+    # in place) and now 4,497,076,224, + 64 MiB of workspaces = 0.8% under the measurement.
+    # The tracer (plus the workspaces on cuda) is the expectation, within 2%.
     case, row = states_row
     assert row["status"] == "ok", row["message"]
     expected = trace(case).peak_allocated_bytes
     assert expected >= _param_grad_adam_bytes(case)
+    if not device.simulated:
+        major = int(torch.cuda.get_device_capability()[0])
+        expected += blas_workspace_bytes(case.workload(), major)
     assert 0.98 * expected <= row["peak_allocated_bytes"] <= 1.02 * expected, (expected, row["peak_allocated_bytes"])
 
 
