@@ -113,7 +113,7 @@ class Estimate:
         w = self.workload
         attn = (f"eager attention: {w.model.model_type} has no SDPA in transformers 5.23 (what it loads with "
                 f"when no attn_implementation is given)",) if (w.model.model_type in NO_SDPA and w.attn == "eager") else ()
-        return regime(w).notes + attn + _mxfp4_note(w)
+        return regime(w).notes + attn + _mxfp4_note(w) + _offload_note(w)
 
     def dominant(self, n: int = 3) -> list[tuple[str, int]]:
         """The largest memory components, largest first."""
@@ -180,6 +180,16 @@ def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBre
     if w.training:
         return train_time(w, gpu, hfu, memory, inter_node)
     return inference_time(w, gpu, hfu, corrections["decode_bandwidth_fraction"]["value"], memory)
+
+
+def _offload_note(w: Workload) -> tuple[str, ...]:
+    """The activation-offloading caveat: the point puts all but two layers' saved tensors in host
+    memory; TRL keeps every later save of an offloaded storage on the device (profiler/offload.py)."""
+    if not (w.training and w.activation_offload):
+        return ()
+    return ("activation offloading: the estimate keeps 2 layers' saved tensors on the device; TRL keeps "
+            "every later save of an offloaded tensor there too (30-60% of a layer's saved bytes in traces), "
+            "which the safe bound counts and the point does not",)
 
 
 def _mxfp4_note(w: Workload) -> tuple[str, ...]:

@@ -83,6 +83,9 @@ class MemoryBreakdown:
     host_bytes: int                 # CPU memory per GPU process for offloaded states
     peak_phase: str
     blas_workspace_bytes: int = 0   # cuBLAS workspaces from the caching allocator (0: no GPU named)
+    # saved activations the estimate puts in host memory (--activation-offload): how many TRL keeps on
+    # the device is uncertain (estimator.bounds counts them in the bound's uncertain part)
+    offloaded_activations_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,6 +115,7 @@ class Components(NamedTuple):
     kv_growth: float                # inference: a decode step's transient (`_decode_transient`)
     kv_generated: float = 0.0       # inference: the part of kv_cache the decode adds after the prefill
     blas_workspace: float = 0.0     # cuBLAS workspaces (`blas_workspace_bytes`: needs the GPU)
+    offloaded_activations: float = 0.0   # saved activations put in host memory (--activation-offload)
 
 
 class Corrections(NamedTuple):
@@ -186,6 +190,7 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
         device_used_bytes=int(device_used), host_bytes=int(parts.host), peak_phase=phase,
         blas_workspace_bytes=int(parts.blas_workspace),
+        offloaded_activations_bytes=int(parts.offloaded_activations),
     )
 
 
@@ -600,7 +605,8 @@ def components(w: Workload) -> Components:
         paged_optimizer=states.paged, host=states.host + forward_backward.offloaded, activations=acts,
         logits_and_loss=logits,
         optimizer_temporaries=temps, autocast_weight_cache=casts, quant_workspace=quant_workspace,
-        accumulated_gradients=accumulated, kv_cache=0, kv_growth=0)
+        accumulated_gradients=accumulated, kv_cache=0, kv_growth=0,
+        offloaded_activations=forward_backward.offloaded)
 
 
 def estimate_memory(w: Workload, reserve_fraction: float, context_bytes: int) -> MemoryBreakdown:

@@ -10,20 +10,14 @@ assumes the stack does it (estimator/fsdp.py, estimator/regimes.py):
   dtype in estimator/fsdp.py `_buffers`), not reduce_dtype=fp32; `reshard_after_forward=False` for
   grad-op; `CPUOffloadPolicy` for any --offload.
 - `hybrid_refusal(w)`: hybrid shard needs ranks on >= 2 nodes; the profiler launches one node.
-- `offload_activations(model, pin)`: TRL's OffloadActivations (huggingface/trl f2cd577
-  trl/models/activation_offloading.py, from torchtune): saved tensors of 1 KiB or more go to host
-  memory (pinned on cuda) during the forward and come back for the backward; the output head's
-  are left on the device (TRL's NoOpManager around lm_head), as estimator/memory.py assumes.
+Activation offloading (TRL's OffloadActivations) is profiler/offload.py's.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 
 from estimator.regimes import regime
 from estimator.workload import Workload
-
-MIN_OFFLOAD_BYTES = 1024   # TRL's min_offload_size
 
 
 def hybrid_refusal(w: Workload) -> str | None:
@@ -103,45 +97,3 @@ def host_offload_bytes(model, optimizer) -> int:
     return total
 
 
-@contextmanager
-def offload_activations(model, pin: bool):
-    """Saved tensors of MIN_OFFLOAD_BYTES or more on the host while the context is open (the
-    output head's kept on the device); `pin`: pinned host memory (cuda)."""
-    import torch
-
-    def pack(t):
-        if t.untyped_storage().nbytes() < MIN_OFFLOAD_BYTES:
-            return (None, t)
-        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=pin, device="cpu")
-        host.copy_(t, non_blocking=pin)
-        offload_activations.moved += 1
-        return (t.device, host)
-
-    def unpack(packed):
-        device, t = packed
-        return t if device is None else t.to(device, non_blocking=pin)
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base = getattr(base, "module", base)
-    head = base.get_output_embeddings()
-    stack = []
-    handles = []
-    if head is not None:
-        def enter(*_):
-            ctx = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
-            ctx.__enter__()
-            stack.append(ctx)
-
-        def leave(*_):
-            stack.pop().__exit__(None, None, None)
-
-        handles = [head.register_forward_pre_hook(enter), head.register_forward_hook(leave)]
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-offload_activations.moved = 0

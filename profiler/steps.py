@@ -60,13 +60,13 @@ def _own_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:
 
 
 def _offload(model, w: Workload, device_type: str):
-    """Activation offloading around the forward (profiler.fsdp.offload_activations, TRL's recipe):
-    saved tensors to host memory, pinned on cuda."""
+    """Activation offloading around the forward as TRL runs it (profiler.offload): saved tensors to
+    host memory, pinned on cuda; under the tracer, fake tensors keep no host bytes."""
     if not w.activation_offload:
         return nullcontext()
-    from profiler.fsdp import offload_activations
+    from profiler.offload import offload_activations, step_copy
 
-    return offload_activations(model, pin=device_type == "cuda")
+    return offload_activations(model, device_type, step_copy(pin=device_type == "cuda"))
 
 
 def _sync_context(model, last: bool):

@@ -13,9 +13,6 @@ def check_traceable(w: Workload) -> None:
         raise NotImplementedError("multi-GPU, ZeRO, tensor and pipeline parallel runs are not traced")
     if w.fsdp != "none":
         raise NotImplementedError("FSDP runs are not traced (fully_shard needs a process group; the profiler runs them)")
-    if w.activation_offload:   # the fake tensors live on the CPU: a copy to the host frees nothing to see
-        raise NotImplementedError("activation offloading is not traced: the tracer's device is the host, so moving "
-                                  "saved tensors there cannot be told apart (the profiler measures it on cuda)")
     if w.optimizer not in ("adamw", "sgd", "adafactor"):
         raise NotImplementedError(f"bitsandbytes optimizer {w.optimizer} does not run on fake tensors")
     if w.quant == "mxfp4":
