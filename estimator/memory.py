@@ -455,13 +455,16 @@ def _bottom_layer_backward(w: Workload, per_token: _PerToken, params: ParamCount
 def _end_of_backward(w: Workload, sizes: Sizes, trained: Training) -> float:
     """Beyond the gradients when the backward ends (full fine-tune, no ZeRO): the embedding's
     gradient made while a second one is alive. Untied, the one accumulated from earlier
-    micro-batches. Tied, the lm_head's and the embedding's own contributions, which autograd sums
-    out of place into a third tensor (profiler/trace/tracker.py: neither is a tensor its
-    InputBuffer may take; measured on the first H100 run), and with accumulation the earlier
-    micro-batches' gradient beside the three."""
+    micro-batches. Tied, the lm_head's contribution beside the embedding's own: without autocast
+    the lm_head's arrives as a view (the linear's TBackward) and the embedding's from
+    embedding_dense_backward, neither of which autograd's InputBuffer may take, so it sums them out
+    of place into a third tensor (profiler/trace/tracker.py; measured on the first H100 run); under
+    autocast the lm_head's arrives from the weight cast's backward, a fresh tensor summed in place.
+    With accumulation, the earlier micro-batches' gradient beside them."""
     if w.method != "full" or w.zero or w.fsdp != "none":
         return 0.0
-    copies = (2 if w.model.tied_embeddings else 0) + int(w.grad_accum > 1)
+    tied = (1 if w.amp else 2) if w.model.tied_embeddings else 0
+    copies = tied + int(w.grad_accum > 1)
     return copies * sizes.embed * trained.param_bytes
 
 

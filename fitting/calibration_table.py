@@ -58,7 +58,8 @@ def build(data: Dataset, fit: Fit, result: CvResult, created: str | None = None,
     committed copy) when the measurements were copied under calibrations/measurements/."""
     frame = data.frame
     file_paths = file_paths or {}
-    runs = [{**f.to_dict(), "file": file_paths.get(f.path, f.path)} for f in data.files]
+    # the files that gave points (a file whose rows were all left out is no provenance)
+    runs = [{**f.to_dict(), "file": file_paths.get(f.path, f.path)} for f in data.files if f.used]
     versions = versions_of(frame)
     cv_error = {}
     for q in QUANTITIES:

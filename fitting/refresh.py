@@ -132,7 +132,10 @@ def refresh(run_dirs, gpu_slug: str, table_path: Path | None = None, write: bool
             result.this_run["current table"] = _subset_errors(data, current, new_mask)
         result.this_run[NEW_LABEL] = _subset_errors(data, cv.oof, new_mask)
 
-    destinations = _copy_destinations(new_files, folder) if write else {}
+    # only a run file that gave the fit points is committed (a run of simulated or skipped rows is not)
+    used_digests = {f.sha256 for f in data.files if f.used}
+    fitted_files = [f for f in new_files if sha256(f) in used_digests]
+    destinations = _copy_destinations(fitted_files, folder) if write else {}
     file_paths = {display_path(src): display_path(dst) for src, dst in destinations.items()}
     result.table = calibration_table.build(data, fit, cv, file_paths=file_paths)
     if result.missing:

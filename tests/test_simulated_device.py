@@ -89,7 +89,12 @@ def test_profile_py_runs_a_sweep_and_a_search_on_the_simulated_device(tmp_path, 
     assert status[("1", "sdpa")] == ("ok", "simulated")
     assert status[("512", "sdpa")] == ("oom", "simulated")                  # 8 MiB cannot hold it
     assert status[("1", "flash")][0] == "skipped"                           # flash_attn not installed
-    assert not (tmp_path / "calibrations" / "h100-80gb.json").exists()      # simulated rows never fitted
+    table = tmp_path / "calibrations" / "h100-80gb.json"    # simulated rows are never fitted: a table
+    if table.exists():                                       # comes from the committed H100 rows alone
+        files = [r["file"] for r in json.loads(table.read_text())["provenance"]["runs"]]
+        assert files and all("measurements/h100-80gb/" in f for f in files), files
+    committed = Path(__file__).resolve().parents[1] / "calibrations" / "measurements" / "h100-80gb"
+    assert not (committed / "run.csv").exists()              # nor copied among the committed measurements
     code, out, err = call_main(cli, capsys, "--model", TINY, "--precision", "fp32", "--seq", "64", "--max-batch",
                                "--backend", "cuda", "--run", str(tmp_path / "search"), "--no-progress")
     assert code == 0, err
