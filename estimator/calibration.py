@@ -19,6 +19,8 @@ value came from where. The factors and what each one means (units in brackets):
   estimator counts (recompute included); method is full, lora, qlora or inference-prefill, size
   a bucket of active parameters (`size_bucket`).
 - `decode_bandwidth_fraction`: achieved fraction of peak HBM bandwidth while decoding.
+- `decode_host_s_per_layer` [s]: host time per decoder layer of an eager decode step (the launch
+  floor the GPU's work hides under), from the decode steps the host bound.
 
 Next to the factors: `provenance` (measurement files with sha256, rows and dates, backends,
 versions with counts, models), `versions` (each library's versions seen), `range` (params,
@@ -43,7 +45,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from estimator import tables
-from estimator.defaults import overhead
+from estimator.defaults import overhead, time_constant
 from estimator import schema as sch
 from estimator.errors import InputError
 from estimator.files import parse_json
@@ -74,6 +76,7 @@ _FACTORS = {
     "optimizer_temporaries_scale": ("num", 0.0, 5.0),
     "mfu": ("map", 0.01, 0.99),
     "decode_bandwidth_fraction": ("num", 0.05, 1.0),
+    "decode_host_s_per_layer": ("num", 1e-5, 0.05),
 }
 DEVICE_INDEPENDENT = ("activation_scale", "inference_activation_scale", "logits_scale",
                       "optimizer_temporaries_scale")
@@ -245,6 +248,13 @@ class Calibration:
             return self._scalar("decode_bandwidth_fraction", None, float)
         return tables.mfu_default("decode-bandwidth", gpu_slug).mfu, "default"
 
+    def decode_host_s_per_layer(self) -> tuple[float, str]:
+        """Host seconds per decoder layer of an eager decode step (the launch floor): a table's,
+        fitted from the decode steps its host bound, else time_constants.csv's."""
+        if "decode_host_s_per_layer" in self.factors:
+            return self._scalar("decode_host_s_per_layer", None, float)
+        return float(time_constant("decode_host_s_per_layer_eager")), "default"
+
     def upper_bound(self, quantity: str = "device_used_bytes") -> dict | None:
         """{"factor", "quantile", "coverage", "points"} for `quantity`, or None. Not offered when
         the table's device factors are not applied (another GPU's table)."""
@@ -379,7 +389,8 @@ def _uncalibrated_time(method: str, training: bool, gpu_slug: str) -> tuple:
 def _time_items(cal: Calibration, method: str, training: bool, gpu_slug: str, params_active) -> tuple:
     items = (("mfu", *cal.mfu(method, gpu_slug, params_active)),)
     if not training:
-        items += (("decode_bandwidth_fraction", *cal.decode_bandwidth_fraction(gpu_slug)),)
+        items += (("decode_bandwidth_fraction", *cal.decode_bandwidth_fraction(gpu_slug)),
+                  ("decode_host_s_per_layer", *cal.decode_host_s_per_layer()))
     return items
 
 

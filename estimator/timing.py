@@ -229,10 +229,14 @@ def _slowdown(w: Workload) -> float:
     return 1.0
 
 
-def decode_floor_seconds(w: Workload) -> float:
-    """Launch/host floor of one decode step: decoder layers x host seconds per layer."""
-    name = "decode_host_s_per_layer_compiled" if w.compiled else "decode_host_s_per_layer_eager"
-    return math.ceil(w.model.num_layers / w.pp) * time_constant(name)
+def decode_floor_seconds(w: Workload, host_s_per_layer: float | None = None) -> float:
+    """Launch/host floor of one decode step: decoder layers x host seconds per layer (eager: the
+    calibrated value when a table gives one, `host_s_per_layer`; compiled: none)."""
+    if w.compiled:
+        per_layer = time_constant("decode_host_s_per_layer_compiled")
+    else:
+        per_layer = time_constant("decode_host_s_per_layer_eager") if host_s_per_layer is None else host_s_per_layer
+    return math.ceil(w.model.num_layers / w.pp) * per_layer
 
 
 @dataclass(frozen=True)
@@ -255,7 +259,8 @@ class DecodeParts:
     slowdown: float
 
 
-def decode_parts(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown, cached: int) -> DecodeParts:
+def decode_parts(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown, cached: int,
+                 host_s_per_layer: float | None = None) -> DecodeParts:
     a = w.activation_dtype_bytes
     weights = memory.weights_bytes
     if w.quant in BNB_QUANTS:   # the half-precision step, times the measured slowdown
@@ -266,29 +271,32 @@ def decode_parts(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown, cach
         expanded = attention_flops_per_token(w.model, cached) / 2 * a * w.batch / w.tp
         attention = expanded / (gpu.memory_bandwidth_bytes_per_s * time_constant("decode_attention_bandwidth_fraction_eager"))
     extra = 2 * w.model.num_layers / w.pp * time_constant("tp_allreduce_latency_s") if w.tp > 1 else 0.0
-    return DecodeParts(moved, attention, decode_floor_seconds(w), extra, _slowdown(w))
+    return DecodeParts(moved, attention, decode_floor_seconds(w, host_s_per_layer), extra, _slowdown(w))
 
 
 def decode_step_seconds(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,
-                        memory: MemoryBreakdown, cached: int) -> float:
+                        memory: MemoryBreakdown, cached: int, host_s_per_layer: float | None = None) -> float:
     """One decode step for the whole batch with `cached` tokens in the cache (`DecodeParts`)."""
-    d = decode_parts(w, gpu, memory, cached)
+    d = decode_parts(w, gpu, memory, cached, host_s_per_layer)
     gpu_s = d.moved_bytes / (gpu.memory_bandwidth_bytes_per_s * bandwidth_fraction) + d.attention_s
     bound = max(gpu_s, d.floor_s, decode_flops_per_token(w, cached) / (peak_flops(gpu, w) * hfu))
     return (bound + d.extra_s) * d.slowdown
 
 
 def inference_time(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fraction: float,
-                   memory: MemoryBreakdown, off: frozenset = frozenset()) -> TimeBreakdown:
+                   memory: MemoryBreakdown, off: frozenset = frozenset(),
+                   host_s_per_layer: float | None = None) -> TimeBreakdown:
     """Prefill is compute-bound (never under the launch floor); each decode step as
     `decode_step_seconds`, at the mean cache size (the cache grows linearly)."""
     peak = peak_flops(gpu, w)
     prefill_work = prefill_flops(w)
     parts = compute_parts(w, gpu, hfu, off)
-    prefill = max(parts.total_s, decode_floor_seconds(w))
+    floor = decode_floor_seconds(w, host_s_per_layer)
+    prefill = max(parts.total_s, floor)
     per_token = 0.0
     if w.new_tokens:
-        per_token = decode_step_seconds(w, gpu, hfu, bandwidth_fraction, memory, w.seq + w.new_tokens // 2)
+        per_token = decode_step_seconds(w, gpu, hfu, bandwidth_fraction, memory, w.seq + w.new_tokens // 2,
+                                        host_s_per_layer)
     decode_total = per_token * w.new_tokens
     step = prefill + decode_total
     generated = w.batch * w.new_tokens
@@ -297,7 +305,7 @@ def inference_time(w: Workload, gpu: tables.GpuSpec, hfu: float, bandwidth_fract
     decode_rate = w.batch / per_token if per_token else 0.0
     return TimeBreakdown(step, prefill, 0.0, 0.0, tokens * w.dp / step, tokens / step, model_flops / (step * peak),
                          peak / TFLOPS, model_flops, prefill, per_token, hfu=hfu,
-                         decode_tokens_per_s=decode_rate, decode_floor_s_per_token=decode_floor_seconds(w),
+                         decode_tokens_per_s=decode_rate, decode_floor_s_per_token=floor,
                          compute_parts=parts.to_dict())
 
 

@@ -32,7 +32,10 @@ from fitting.data import Dataset
 from fitting.models import Fit, fit_all
 
 QUANTILE = 0.95
-TIME_FACTORS = ("mfu", "decode_bandwidth_fraction")   # the factors that correct step time
+# the factors that correct step time, by the steps that judge them: GEMM fractions on training steps,
+# the decode factors on inference steps (prefill + decode)
+TIME_GROUPS = ((("mfu",), True), (("decode_bandwidth_fraction", "decode_host_s_per_layer"), False))
+TIME_FACTORS = tuple(name for names, _ in TIME_GROUPS for name in names)
 
 
 def calibration_of(factors: dict, gpu: str, label: str = "<fit>") -> Calibration:
@@ -179,21 +182,30 @@ def without(fit: Fit, names, note: str = "") -> Fit:
                list(fit.notes) + ([note] if note else []))
 
 
-def _time_fitter(frame, gpu: str) -> Fit:
-    return without(fit_all(frame, gpu), TIME_FACTORS)
-
-
 def fit_and_validate(data: Dataset) -> tuple[Fit, CvResult]:
-    """Every factor the points support, judged by leaving one model out. The time factors are kept
-    only when, held out, they predict step time better (median |error|) than the raw formulas: a
-    run whose steps are bound by host work (small models on a slow host) gives GEMM fractions that
-    would make every GPU-bound step of that GPU far too slow."""
+    """Every factor the points support, judged by leaving one model out. Each group of time factors
+    is kept only when, held out, it predicts the step time of the steps it corrects (training steps
+    for the GEMM fractions, inference steps for the decode factors) better (median |error|) than
+    the raw formulas: a run whose steps are bound by host work (small models on a slow host) gives
+    GEMM fractions that would make every GPU-bound step of that GPU far too slow."""
     fit = fit_all(data.frame, data.gpu)
     cv = leave_one_model_out(data)
-    held, raw = cv.calibrated.get("step_s"), cv.uncalibrated.get("step_s")
-    if any(k in fit.factors for k in TIME_FACTORS) and held and raw and held["median_abs"] > raw["median_abs"]:
-        note = (f"time factors dropped: held out (leave one model out) they predicted step time with median "
-                f"|error| {held['median_abs']:.1%}, the raw formulas {raw['median_abs']:.1%}")
-        fit = without(fit, TIME_FACTORS, note)
-        cv = leave_one_model_out(data, fitter=_time_fitter)
+    dropped, notes = [], []
+    training = data.frame["training"].to_numpy(bool) if len(data.frame) else np.zeros(0, bool)
+    for names, on_training in TIME_GROUPS:
+        if not any(n in fit.factors for n in names):
+            continue
+        rows = training if on_training else ~training
+        measured = data.frame["m_step_s"].to_numpy(float)[rows]
+        held = metrics(cv.oof["step_s"].to_numpy(float)[rows], measured)
+        raw = metrics(cv.raw["step_s"].to_numpy(float)[rows], measured)
+        if held and raw and held["median_abs"] > raw["median_abs"]:
+            dropped += [n for n in names if n in fit.factors]
+            kind = "training" if on_training else "inference"
+            notes.append(f"time factors dropped ({', '.join(names)}): held out (leave one model out) they "
+                         f"predicted {kind} step time with median |error| {held['median_abs']:.1%}, the raw "
+                         f"formulas {raw['median_abs']:.1%}")
+    if dropped:
+        fit = without(fit, dropped, "; ".join(notes))
+        cv = leave_one_model_out(data, fitter=lambda frame, gpu: without(fit_all(frame, gpu), dropped))
     return fit, cv

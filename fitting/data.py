@@ -20,7 +20,8 @@ the function the estimator's assembly uses: training forward/backward and optimi
 inference prefill and dequantized weight), `paged`; time inputs `hw_flops`
 (hardware FLOPs per optimizer step), `peak_flops` (FLOP/s), `exposed_comm_s`, `prefill_flops`,
 `decode_bytes` (bytes read per generated token), `bandwidth` (bytes/s), `optimizer_s` and
-`overhead_s` (the step's parts outside compute), `decode_floor_s`, `decode_extra_s`, `decode_attention_s` and
+`overhead_s` (the step's parts outside compute), `decode_floor_s`, `decode_extra_s`, `decode_attention_s`,
+`decode_layers` (eager: the layers of the launch floor; 0 compiled), `decode_default_fraction` and
 `decode_slowdown` (estimator.timing.DecodeParts); versions.
 """
 
@@ -237,7 +238,8 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
         "peak_flops": peak_flops(gpu, w), "exposed_comm_s": t.exposed_comm_s,
         "optimizer_s": t.optimizer_s, "overhead_s": t.overhead_s,
         "decode_floor_s": 0.0 if w.training else decode_floor_seconds(w), "decode_extra_s": 0.0,
-        "decode_attention_s": 0.0, "decode_slowdown": 1.0,
+        "decode_attention_s": 0.0, "decode_slowdown": 1.0, "decode_layers": 0.0,
+        "decode_default_fraction": 0.0,
         "bandwidth": float(gpu.memory_bandwidth_bytes_per_s),
         "decode_bytes": 0.0,
     }
@@ -250,7 +252,9 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
     if not w.training and w.new_tokens:
         d = decode_parts(w, gpu, m, w.seq + w.new_tokens // 2)
         out.update(decode_bytes=float(d.moved_bytes), decode_floor_s=d.floor_s, decode_extra_s=d.extra_s,
-                   decode_attention_s=d.attention_s, decode_slowdown=d.slowdown)
+                   decode_attention_s=d.attention_s, decode_slowdown=d.slowdown,
+                   decode_layers=0.0 if w.compiled else float(math.ceil(w.model.num_layers / w.pp)),
+                   decode_default_fraction=float(est.corrections["decode_bandwidth_fraction"]["value"]))
     for q in _MEASURED:
         out[f"m_{q}"] = _num(row.get(q, ""))
     if not w.training and w.new_tokens == 0 and math.isnan(out["m_prefill_s"]):

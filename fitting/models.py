@@ -28,7 +28,9 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    GEMM bytes)) (`hfu_terms`); `mfu["method|size"]` and `mfu["method"]` are medians;
    inference: the same on the prefill ("inference-prefill") and
    `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x (s per token / bitsandbytes
-   slowdown - TP time - eager attention)), on the steps above the launch floor only.
+   slowdown - TP time - eager attention)), on the steps above the launch floor only;
+   `decode_host_s_per_layer` = the median of s per token / layers over the eager steps that took
+   HOST_BOUND times their GPU work or more (bound by the host, which the bandwidth fit leaves out).
 """
 
 from __future__ import annotations
@@ -289,6 +291,9 @@ def _median_by(values: pd.Series, keys: pd.Series, low: float, high: float) -> t
     return out, points
 
 
+HOST_BOUND = 1.5   # a decode step this many times its GPU work (default fraction) is bound by the host
+
+
 def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     mfu, points = {}, {}
     train = frame[frame["training"] & frame["m_step_s"].notna()]
@@ -314,8 +319,16 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
         fit.factors["mfu"], fit.points["mfu"] = mfu, points
     dec = frame[~frame["training"] & frame["m_decode_token_s"].notna() & (frame["decode_bytes"] > 0)]
     on_gpu = dec["m_decode_token_s"] / dec["decode_slowdown"] - dec["decode_extra_s"]
+    # the GPU's work at the default bandwidth fraction: a step well above it is bound by the host,
+    # whose time per layer is the launch floor (`decode_host_s_per_layer`, eager steps only)
+    gpu_work = dec["decode_bytes"] / (dec["bandwidth"] * dec["decode_default_fraction"]) + dec["decode_attention_s"]
+    host = (on_gpu > HOST_BOUND * gpu_work) & (dec["decode_layers"] > 0)
+    if host.sum() >= MIN_POINTS:
+        per_layer = on_gpu[host] / dec.loc[host, "decode_layers"]
+        fit.factors["decode_host_s_per_layer"] = _r(float(np.median(per_layer)))
+        fit.points["decode_host_s_per_layer"] = int(host.sum())
     streaming = on_gpu - dec["decode_attention_s"]   # the attention runs beside the streaming, on the GPU
-    bound = (on_gpu > 1.05 * dec["decode_floor_s"]) & (streaming > 0)   # steps at the launch floor say nothing of bandwidth
+    bound = (~host & (on_gpu > 1.05 * dec["decode_floor_s"]) & (streaming > 0))   # steps at the floor say nothing of bandwidth
     dec, streaming = dec[bound], streaming[bound]
     if len(dec) >= MIN_POINTS:
         frac = dec["decode_bytes"] / (dec["bandwidth"] * streaming)

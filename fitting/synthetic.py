@@ -38,6 +38,7 @@ TRUE_FACTORS = {
     "mfu": {"full|<1B": 0.28, "full|1-10B": 0.43, "lora|<1B": 0.2, "lora|1-10B": 0.33, "qlora|<1B": 0.14,
             "qlora|1-10B": 0.22, "inference-prefill|<1B": 0.3, "inference-prefill|1-10B": 0.5},
     "decode_bandwidth_fraction": 0.62,
+    "decode_host_s_per_layer": 0.0009,
 }
 MODELS = ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "tinyllama", "qwen2.5-0.5b", "qwen2.5-1.5b",
           "qwen2.5-3b", "qwen3-0.6b", "qwen3-1.7b", "mistral-7b", "gemma-2-2b", "phi-2")

@@ -73,6 +73,7 @@ def test_fit_recovers_time_factors(fit_1pct):
     for key, value in TRUE["mfu"].items():
         assert _rel(f["mfu"][key], value) < 0.02, key
     assert _rel(f["decode_bandwidth_fraction"], TRUE["decode_bandwidth_fraction"]) < 0.02
+    assert _rel(f["decode_host_s_per_layer"], TRUE["decode_host_s_per_layer"]) < 0.02
 
 
 def test_fit_matches_the_estimator_applying_it(data_1pct, fit_1pct):
@@ -342,13 +343,20 @@ def test_time_factors_kept_when_they_predict_better_held_out():
 def test_time_factors_dropped_when_held_out_they_predict_worse():
     """The first H100 run (calibrations/measurements/h100-80gb/, 2026-11-27): the small models' steps
     are bound by host work, so the GEMM fractions inverted from them (about 0.09 on full fine-tunes)
-    would make the 8B steps far too slow. Held out, the fitted time factors predict step time worse
-    than the raw formulas: the table drops them, says so, and its step-time errors are the raw ones."""
+    would make the 8B steps far too slow. Held out, they predict training step time no better than
+    the raw formulas: the table drops them and says so. The decode steps were all bound by the host
+    (22.8 ms per token for the 8B at batch 1 and at batch 8): the host's time per layer is fitted
+    from them, and kept, since held out it predicts the inference steps better."""
     data = load(committed_files("h100-80gb"), "h100-80gb")
     assert len(data.frame) >= 16
     assert "mfu" in fit_all(data.frame, "h100-80gb").factors   # the plain fit has them
     fit, cv = fit_and_validate(data)
     assert "mfu" not in fit.factors and "decode_bandwidth_fraction" not in fit.factors
-    assert any(n.startswith("time factors dropped") for n in fit.notes)
-    assert cv.calibrated["step_s"]["median_abs"] == pytest.approx(cv.uncalibrated["step_s"]["median_abs"])
+    assert any(n.startswith("time factors dropped (mfu)") for n in fit.notes)
+    assert 0.0006 < fit.factors["decode_host_s_per_layer"] < 0.001   # 17.7 ms / 24 layers, 22.8 / 32, ...
+    inference = ~data.frame["training"].to_numpy(bool)
+    measured = data.frame["m_step_s"].to_numpy(float)[inference]
+    held = metrics(cv.oof["step_s"].to_numpy(float)[inference], measured)
+    raw = metrics(cv.raw["step_s"].to_numpy(float)[inference], measured)
+    assert held["median_abs"] < raw["median_abs"]
     assert "activation_scale" in fit.factors    # the memory factors stay
