@@ -7,6 +7,9 @@
 # into .whl/ (git-ignored).
 # Then call the device tool with carry [".whl", "runs/gpu"] and the command:
 #     bash scripts/gpu_session.sh [SWEEP_FILE] [LIMIT_S] [--no-tests]
+# The first H100 call (2026-11-27) ran profiler/sweeps/first-contact.yaml and measured 16 of its 32
+# configurations; the next call should run profiler/sweeps/second-contact.yaml (the other 16). About
+# 20 s per configuration, 150 s for the GPU tests: a 560 s command fits one call of a 15-minute budget.
 # A device command may run 10 minutes: the sweep stops after LIMIT_S seconds (default 420) and
 # the run folder resumes on the next call: unpack the returned run.tgz here first, so that carrying
 # runs/gpu brings it back (a carried path that is missing here is REMOVED there, warm machine or not:
