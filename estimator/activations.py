@@ -548,6 +548,41 @@ def layer_bytes_per_token(key: ActivationKey) -> int:
     return total + _adapter_bytes(key, dt) + round(_dora_bytes(key))
 
 
+def _shared_input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int) -> int:
+    """Bytes per element of the one tensor that two or more of the linears in `roles` save (the
+    same storage saved more than once), 0 when each saves its own (autocast or adapter casts) or
+    one linear reads it (`_input_bytes`' readers)."""
+    readers = sum(_trains(key, role) for role in roles)
+    if key.model.model_type in _FUSED_QKV and set(roles) >= {"q_proj", "k_proj", "v_proj"}:
+        readers -= sum(_trains(key, role) for role in ("k_proj", "v_proj"))
+    if key.model.model_type in _FUSED_GATE_UP and set(roles) >= {"gate_proj", "up_proj"}:
+        readers -= _trains(key, "up_proj")
+    if readers < 2 or dt.autocast:
+        return 0
+    if key.method == "full" or x_bytes == key.adapter_bytes:
+        return x_bytes
+    return 0
+
+
+def offload_kept_bytes_per_token(key: ActivationKey) -> int:
+    """Bytes per token of one decoder layer that TRL's activation offloading keeps on the device
+    (profiler/offload.py: it offloads a storage at its first save and keeps every later save of it
+    there): an RMSNorm's fp32 input, which its pow and its mul both save, and the normed hidden state
+    when two or more linears save it (separate q/k/v or gate/up projections of a full fine-tune,
+    adapters in the input's dtype)."""
+    spec = key.model
+    dt, hidden = dtypes(key), spec.hidden_size
+    kept = 0
+    if spec.norm not in ("layer", "layer_nobias", "layer_noparam") and not key.liger:
+        kept += spec.norms_per_layer * 4 * hidden
+    attn_roles = _attention_input_roles(spec)
+    mlp_roles = ("gate_proj", "up_proj") if (spec.mlp_gated or spec.is_moe) else ("up_proj",)
+    if spec.parallel_block and spec.norms_per_layer == 1:
+        return kept + _shared_input_bytes(key, dt, attn_roles + mlp_roles, dt.residual) * hidden
+    return (kept + _shared_input_bytes(key, dt, attn_roles, dt.residual) * hidden
+            + _shared_input_bytes(key, dt, mlp_roles, dt.residual) * hidden)
+
+
 def mlp_bytes_per_token(key: ActivationKey) -> int:
     """The part of `layer_bytes_per_token` saved by the feed-forward block (dense or MoE) and its
     output dropout: the backward frees it before it reaches the attention."""

@@ -184,13 +184,12 @@ def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBre
 
 
 def _offload_note(w: Workload) -> tuple[str, ...]:
-    """The activation-offloading caveat: the point puts all but two layers' saved tensors in host
-    memory; TRL keeps every later save of an offloaded storage on the device (profiler/offload.py)."""
+    """The activation-offloading caveat (profiler/offload.py, estimator.memory `_layers_on_device`)."""
     if not (w.training and w.activation_offload):
         return ()
-    return ("activation offloading: the estimate keeps 2 layers' saved tensors on the device; TRL keeps "
-            "every later save of an offloaded tensor there too (30-60% of a layer's saved bytes in traces), "
-            "which the safe bound counts and the point does not",)
+    return ("activation offloading (TRL): the estimate keeps one layer in flight (two with checkpointing) and the "
+            "later saves of each offloaded tensor on the device; TRL keys tensors by address, so on a GPU a tensor "
+            "allocated where a freed offloaded one was stays too: the safe bound counts every offloaded byte",)
 
 
 def _mxfp4_note(w: Workload) -> tuple[str, ...]:

@@ -50,8 +50,8 @@ def uncertain_bytes(memory: MemoryBreakdown, floor_bytes: int | None = None) -> 
     memory's exact part also holds the paged optimizer states (unified memory, known size)."""
     floor = int(overhead("bound_uncertain_floor_bytes")) if floor_bytes is None else int(floor_bytes)
     # activations the estimate puts in host memory (--activation-offload) may stay on the device:
-    # TRL keeps every later save of an offloaded storage there (profiler/offload.py), which the
-    # traces show is 30-60% of a layer's saved bytes, by family and method
+    # TRL keys a saved tensor by its address, so one allocated where a freed offloaded tensor was
+    # counts as already offloaded and stays (profiler/offload.py), which no trace reproduces
     floor += getattr(memory, "offloaded_activations_bytes", 0)
     exact = exact_bytes(memory)
     out = {q: max(0, getattr(memory, q) - exact) + floor for q in BOUND_QUANTITIES}

@@ -51,10 +51,15 @@ from estimator.units import MiB
 from estimator.workload import BNB_QUANTS, Workload
 
 ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks (large segments)
-# Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl f2cd577
-# trl/models/activation_offloading.py): every saved tensor of 1 KiB or more but the lm_head's goes
-# to pinned host memory; the forward keeps up to 5 recent ones on the device for stream overlap and
-# the backward brings one layer's back while the next is prefetched: two layers' saved tensors stay.
+# Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl @0167b7d
+# trl/models/activation_offloading.py; profiler/offload.py does the same with memory): every saved
+# tensor of 1 KiB or more but the lm_head's goes to pinned host memory, except a later save of an
+# already offloaded storage, which stays on the device (`act.offload_kept_bytes_per_token`); the
+# forward keeps the 5 most recent on the device and the backward holds what it brought back until
+# the next node has run: about one layer's saved tensors. With checkpointing (one saved input per
+# layer) two layers' stay. TRL keys a storage by its address, so on a GPU a tensor allocated where a
+# freed offloaded one was also stays; traces (deterministic) do not reproduce such collisions, and
+# the safe bound counts every offloaded byte as uncertain (estimator.bounds).
 OFFLOAD_LAYERS_ON_DEVICE = 2
 
 
@@ -235,6 +240,18 @@ def _per_token(key: ActivationKey) -> _PerToken:
                      act.logits_backward_per_token(key))
 
 
+def _layers_on_device(w: Workload, sizes: Sizes) -> tuple[int, float]:
+    """(decoder layers whose saved tensors are all on the device, bytes per token the other layers
+    keep there). Without activation offloading every layer's; with it (TRL) about one layer in
+    flight plus the later saves of each offloaded storage, or two layers' checkpointed inputs."""
+    if not w.activation_offload:
+        return sizes.layers, 0.0
+    if w.grad_ckpt:
+        return min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE), 0.0
+    on_device = min(sizes.layers, 1)
+    return on_device, (sizes.layers - on_device) * act.offload_kept_bytes_per_token(_activation_key(w))
+
+
 def saved_activation_bytes(w: Workload) -> int:
     """What autograd holds when the backward starts, per GPU (bytes): the layers' saved tensors
     (with checkpointing, their inputs), the final norm and lm_head input, log_softmax's output and,
@@ -243,8 +260,11 @@ def saved_activation_bytes(w: Workload) -> int:
     sizes = local_sizes(w, params)
     per_token = _per_token(_activation_key(w))
     per_layer = per_token.checkpoint if w.grad_ckpt else per_token.layer
-    total_per_token = sizes.layers * per_layer + per_token.outside + per_token.logits_saved
-    fixed = 0 if w.grad_ckpt else sizes.layers * act.layer_fixed_bytes(_activation_key(w))
+    on_device, kept = _layers_on_device(w, sizes)
+    if w.activation_offload and not w.grad_ckpt:
+        on_device = 0    # when the backward starts, only the forward stash's last few tensors are in flight
+    total_per_token = on_device * per_layer + kept + per_token.outside + per_token.logits_saved
+    fixed = 0 if w.grad_ckpt else on_device * act.layer_fixed_bytes(_activation_key(w))
     return int(total_per_token * _scale(w) + fixed + _weight_casts(w, params, sizes, saved=True))
 
 
@@ -294,10 +314,9 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
     """The largest of the moments that bound the forward/backward working set (`_moments`)."""
     tokens = _scale(w)
     per_layer = (per_token.checkpoint if w.grad_ckpt else per_token.layer) * tokens
-    on_device = sizes.layers
-    if w.activation_offload:   # the layers' saved tensors go to pinned host memory
-        on_device = min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE)
-    acts = on_device * per_layer + per_token.outside * tokens
+    on_device, kept = _layers_on_device(w, sizes)
+    kept *= tokens
+    acts = on_device * per_layer + per_token.outside * tokens + kept
     if not w.grad_ckpt:    # per-layer tensors of any token count (an fp32 router's weight cast)
         acts += on_device * act.layer_fixed_bytes(_activation_key(w))
     moments = _moments(w, per_token, params, sizes, trained, acts)
@@ -306,7 +325,8 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
     fp8_alive = fp8_workspace(w) if (w.fp8 and w.training and moments[-1][0] >= total) else 0.0
     if w.grad_ckpt:
         acts += per_token.layer * tokens           # the layer the backward recomputes
-    return _ForwardBackward(acts, casts, total, (sizes.layers - on_device) * per_layer, fp8_alive)
+    offloaded = max(0.0, (sizes.layers - on_device) * per_layer - kept) if w.activation_offload else 0.0
+    return _ForwardBackward(acts, casts, total, offloaded, fp8_alive)
 
 
 def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes, trained: Training,

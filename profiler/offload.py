@@ -28,6 +28,7 @@ which tensors count as on the accelerator.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Callable
 
@@ -36,14 +37,15 @@ FORWARD_STASH = 5            # TRL's max_fwd_stash_size
 FLOAT8_CLASSES = ("Float8TrainingTensor", "ScaledMMConfig", "LinearMMConfig")
 
 
-def _storage_key(t) -> tuple:
-    """One storage region: the storage, the offset and the dtype, as TRL's deduplication keys a
-    tensor (data pointer + storage offset, dtype). TRL's data pointer outlives the tensor: once an
-    offloaded tensor is freed, a later one at the same address counts as already offloaded and
-    stays on the device (the CUDA caching allocator reuses addresses). The key here is the storage
-    object's address, reused as its own allocator reuses it: the same mechanism, not the same
-    addresses, so such collisions are not reproduced one for one."""
-    return (t.untyped_storage()._cdata, t.storage_offset(), t.dtype)
+def _is_fake(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _address(t) -> int:
+    """A real tensor's storage address (TRL's key); a fake one's storage object address."""
+    return t.untyped_storage()._cdata if _is_fake(t) else t.untyped_storage().data_ptr()
 
 
 def host_copy(pin: bool) -> Callable:
@@ -96,9 +98,9 @@ class Offloader:
     def __init__(self, model, device_type: str, copy: Callable):
         self.device_type = device_type
         self.copy = copy
-        self.params = {p.untyped_storage()._cdata for p in model.parameters() if p.device.type != "meta"}
+        self.params = {_address(p) for p in model.parameters() if p.device.type != "meta"}
         self.tracker: dict[int, tuple] = {}       # number -> ("kept", tensor) | ("host", restore)
-        self.seen: set = set()                    # storages offloaded in this forward
+        self.seen: dict = {}                      # key -> (weak reference to the storage | None)
         self.fwd_stash: dict[int, object] = {}   # number -> device tensor (kept until 5 later)
         self.bwd_stash: dict[int, object] = {}   # number -> tensor brought back
         self.next_id = 0
@@ -115,11 +117,11 @@ class Offloader:
             self.seen.clear()
         self.next_id += 1
         number = self.next_id
-        key = _storage_key(t)
-        if (key in self.seen or t.device.type != self.device_type
+        key = (_address(t), t.storage_offset(), t.dtype)
+        if (self._seen(key) or t.device.type != self.device_type
                 or t.element_size() * t.nelement() < MIN_OFFLOAD_BYTES
                 or isinstance(t, torch.nn.Parameter) or type(t).__name__ in FLOAT8_CLASSES
-                or t.untyped_storage()._cdata in self.params):
+                or _address(t) in self.params):
             self.tracker[number] = ("kept", t)
             self.kept += 1
             return number
@@ -130,9 +132,22 @@ class Offloader:
         _, restore = self.copy(t)
         self.tracker[number] = ("host", restore)
         self.fwd_stash[number] = t
-        self.seen.add(key)
+        self.seen[key] = weakref.ref(t.untyped_storage()) if _is_fake(t) else None
         self.moved += 1
         return number
+
+    def _seen(self, key) -> bool:
+        """Whether this storage region was offloaded in this forward. A real tensor is keyed by its
+        address as TRL keys it, so a later tensor at a freed offloaded tensor's address counts as
+        seen, as in TRL; a fake one (the tracer) by its live storage object only, so that a trace
+        does not depend on where its allocator happened to put a storage."""
+        if key not in self.seen:
+            return False
+        ref = self.seen[key]
+        if ref is not None and ref() is None:
+            del self.seen[key]
+            return False
+        return True
 
     # ---- backward ----------------------------------------------------------------------------
     def unpack(self, number: int):

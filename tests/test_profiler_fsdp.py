@@ -157,11 +157,11 @@ def test_activation_offload_row_is_ok_in_one_process(tmp_path):
     assert (row["status"], row["world_size"]) == ("ok", 1), row.get("message")
 
 
-def test_activation_offload_is_traced_and_the_safe_bound_covers_it():
+def test_activation_offload_is_traced_and_the_estimate_follows():
     """The tracer runs TRL's offloading on fake tensors (host copies keep no bytes, a tensor brought
-    back is a new device allocation): the traced peak falls, but by less than the estimate's
-    'all but two layers' (TRL keeps every later save of an offloaded storage on the device). The
-    estimate's uncalibrated safe bound counts the offloaded activations as uncertain and covers it."""
+    back is a new device allocation): the traced peak falls; the estimate (one layer in flight plus
+    the later saves TRL keeps) lands within 3% above it, and its uncalibrated safe bound, which
+    counts the offloaded activations as uncertain, covers it."""
     from estimator.api import estimate
     from profiler.trace import trace
 
@@ -172,7 +172,8 @@ def test_activation_offload_is_traced_and_the_safe_bound_covers_it():
         assert traced_on < traced_off
         est = estimate(on.workload(), "h100-80gb", "none", cpu_trace=True)
         assert est.memory.offloaded_activations_bytes > 0
-        assert est.safe["peak_allocated_bytes"] >= traced_on > est.memory.peak_allocated_bytes
+        assert traced_on <= est.memory.peak_allocated_bytes <= 1.03 * traced_on
+        assert est.safe["peak_allocated_bytes"] >= traced_on
         assert any("activation offloading" in n for n in est.regime_notes)
 
 

@@ -77,8 +77,9 @@ def _qlora() -> list[Case]:
 
 def _stacks() -> list[Case]:
     """Single-process regimes of the training stacks (issue 13): QLoRA without peft's kbit
-    preparation (TRL's path), and LoRA targets given as the model's own module names, all-linear,
-    a regular expression and lm_head (peft's matching)."""
+    preparation (TRL's path), LoRA targets given as the model's own module names, all-linear,
+    a regular expression and lm_head (peft's matching), a training loop's own loss, and TRL's
+    activation offloading."""
     cases = []
     for i, model in enumerate(_QLORA):
         batch, seq = SIZES[(i + 1) % len(SIZES)]
@@ -100,6 +101,15 @@ def _stacks() -> list[Case]:
             ("google/gemma-2-2b", dict(method="lora", batch=1, seq=512, attn="eager")),
             ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", precision="amp-bf16", batch=2, seq=1024))):
         cases.append(Case(model, dict(loss="model-dtype", **settings), warmup=1, steps=1))
+    # activation offloading as TRL runs it (profiler/offload.py)
+    for model, settings in (
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024)),
+            ("meta-llama/Llama-3.2-1B", dict(method="full", batch=1, seq=2048)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", batch=2, seq=1024, grad_ckpt=True)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="full", batch=1, seq=2048)),
+            ("microsoft/phi-2", dict(method="lora", batch=1, seq=1024)),
+            ("google/gemma-2-2b", dict(method="qlora", quant="nf4", batch=1, seq=512, attn="eager"))):
+        cases.append(Case(model, dict(activation_offload=True, **settings), warmup=1, steps=1))
     return cases
 
 
@@ -199,6 +209,8 @@ def describe(case: Case) -> str:
         parts.append(f"kbit-prep {s['kbit_prep']}")
     if s.get("loss"):
         parts.append(f"loss {s['loss']}")
+    if s.get("activation_offload"):
+        parts.append("offload")
     if s.get("dora"):
         parts.append("dora")
     if s.get("lora_targets"):
