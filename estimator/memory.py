@@ -260,9 +260,8 @@ def saved_activation_bytes(w: Workload) -> int:
     sizes = local_sizes(w, params)
     per_token = _per_token(_activation_key(w))
     per_layer = per_token.checkpoint if w.grad_ckpt else per_token.layer
+    # offloading: the forward stash's last 5 tensors are in flight, counted as one layer (an upper bound)
     on_device, kept = _layers_on_device(w, sizes)
-    if w.activation_offload and not w.grad_ckpt:
-        on_device = 0    # when the backward starts, only the forward stash's last few tensors are in flight
     total_per_token = on_device * per_layer + kept + per_token.outside + per_token.logits_saved
     fixed = 0 if w.grad_ckpt else on_device * act.layer_fixed_bytes(_activation_key(w))
     return int(total_per_token * _scale(w) + fixed + _weight_casts(w, params, sizes, saved=True))
