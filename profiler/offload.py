@@ -44,40 +44,49 @@ def _is_fake(t) -> bool:
 
 
 def _address(t) -> int:
-    """A real tensor's storage address (TRL's key); a fake one's storage object address."""
+    """A real tensor's storage address (TRL's key); a fake one's storage object address. A DTensor
+    (FSDP2's parameters) by its local shard, as TRL looks at it."""
+    t = getattr(t, "_local_tensor", t)
     return t.untyped_storage()._cdata if _is_fake(t) else t.untyped_storage().data_ptr()
 
 
 def host_copy(pin: bool) -> Callable:
-    """The GPU's copy: a (pinned) host tensor of the device tensor's storage region, and the restore
-    that copies it back to the device with the original size, stride and offset."""
+    """The GPU's copy, as TRL makes it: a (pinned) host tensor like the saved one (a broadcast
+    tensor, with a zero stride: its storage instead), and the restore that copies it back to the
+    device as a new tensor of the same size and stride."""
     import torch
 
     def copy(t):
         device = t.device
-        size, stride, offset = t.size(), t.stride(), t.storage_offset()
-        flat = torch.as_strided(t, (t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
-        host = torch.empty(flat.shape, dtype=t.dtype, pin_memory=pin, device="cpu")
-        host.copy_(flat, non_blocking=pin)
+        if 0 in t.stride():
+            size, stride, offset = t.size(), t.stride(), t.storage_offset()
+            flat = torch.as_strided(t, (t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+            host = torch.empty(flat.shape, dtype=t.dtype, pin_memory=pin, device="cpu")
+            host.copy_(flat, non_blocking=pin)
 
-        def restore():
-            back = host.to(device, non_blocking=pin)
-            return torch.as_strided(back, size, stride, offset)
-        return host, restore
+            def restore():
+                return torch.as_strided(host.to(device, non_blocking=pin), size, stride, offset)
+            return host, restore
+        host = torch.empty_like(t, pin_memory=pin, device="cpu")
+        host.copy_(t, non_blocking=pin)
+        return host, lambda: host.to(device, non_blocking=pin)
     return copy
 
 
 def metadata_copy(t) -> tuple:
-    """The tracer's copy: nothing kept; the restore makes a new tensor of the same storage size and
-    layout (under FakeTensorMode a fake tensor: the device allocation the tracer counts)."""
+    """The tracer's copy: nothing kept; the restore makes a new tensor of the size the GPU's would
+    have (under FakeTensorMode a fake tensor: the device allocation the tracer counts)."""
     import torch
 
-    size, stride, offset, dtype = t.size(), t.stride(), t.storage_offset(), t.dtype
-    elements = t.untyped_storage().nbytes() // t.element_size()
+    if 0 in t.stride():
+        size, stride, offset, dtype = t.size(), t.stride(), t.storage_offset(), t.dtype
+        elements = t.untyped_storage().nbytes() // t.element_size()
 
-    def restore():
-        return torch.as_strided(torch.empty(elements, dtype=dtype), size, stride, offset)
-    return None, restore
+        def restore():
+            return torch.as_strided(torch.empty(elements, dtype=dtype), size, stride, offset)
+        return None, restore
+    shape, dtype = t.shape, t.dtype
+    return None, lambda: torch.empty(shape, dtype=dtype)
 
 
 def step_copy(pin: bool) -> Callable:
