@@ -476,11 +476,15 @@ def run_sweep(cases: list[Case], runner: Runner, store: RunStore, force: bool = 
         status = case_status(rows)
         outcome.ran += 1
         outcome.statuses[status] += 1
+        # one line per configuration, with the bar or without it (a log of a run cut short then
+        # still says which configurations finished: the first GPU call's log had none)
+        wall_s = max((r.get("wall_s") or 0.0) for r in rows)
+        note = next((r["message"] for r in rows if r.get("status") != "ok" and r.get("message")), "")
+        line = f"{status:<7} {wall_s:6.1f} s  {short_id(case.id)}" + (f"  ({note[:120]})" if note else "")
         if progress:
-            wall_s = max((r.get("wall_s") or 0.0) for r in rows)
-            note = next((r["message"] for r in rows if r.get("status") != "ok" and r.get("message")), "")
-            bar.write(f"{status:<7} {wall_s:6.1f} s  {short_id(case.id)}"
-                      + (f"  ({note[:120]})" if note else ""), file=sys.stderr)
+            bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
         bar.update(1)
 
     try:
