@@ -329,7 +329,7 @@ def prepare(case: Case, w: Workload, device: str, world_size: int) -> tuple[list
         from profiler import fsdp
 
         host = lambda: fsdp.host_offload_bytes(model, optimizer)  # noqa: E731
-    return [_train_phase(model, optimizer, batch, w, device)], weights, host
+    return _train_phases(model, optimizer, batch, w, device), weights, host
 
 
 def _prepare_zero(case: Case, w: Workload, device: str):
@@ -347,9 +347,11 @@ def _ddp(model, device: str):
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
-def _train_phase(model, optimizer, batch, w: Workload, device: str):
+def _train_phases(model, optimizer, batch, w: Workload, device: str) -> list:
+    """[forward and backward of every micro-batch, optimizer step]: steps.train_step in two timed
+    phases, so that the optimizer step is measured on its own (`optimizer_s`)."""
     device_type = device.split(":")[0]
-    return lambda: steps.train_step(model, optimizer, batch, w, device_type)
+    return [lambda: steps.forward_backward(model, batch, w, device_type), lambda: steps.optimizer_step(optimizer)]
 
 
 def _inference_phases(model, batch, w: Workload, device: str) -> list:
@@ -407,6 +409,8 @@ def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict
            "host_offload_bytes": offload() if offload else None}
     if not w.training:
         row.update(measure.inference_split(w, measured.phase_s))
+    elif len(measured.phase_s) == 2:            # forward/backward, optimizer step (not DeepSpeed's)
+        row["optimizer_s"] = float(measured.phase_s[1])
     row.update(measure.rates(w, measured.step_s, env["gpu_slug"]))
     # an ok row says when the allocator retried and when DeepSpeed's FusedAdam was replaced by AdamW
     notes = [measured.retry_warning(), zero.adam_fallback(w, device) if w.zero else None]

@@ -42,6 +42,7 @@ class Quantity:
     predicted: Callable             # Estimate -> int | float | None
     backends: tuple[str, ...]
     inference_only: bool = False
+    training_only: bool = False
 
 
 def _prefill(e):
@@ -59,6 +60,7 @@ QUANTITIES = (
     Quantity("step_s", "s", lambda e: e.time.step_s, ("cuda",)),
     Quantity("prefill_s", "s", _prefill, ("cuda",), inference_only=True),
     Quantity("decode_token_s", "s", _decode, ("cuda",), inference_only=True),
+    Quantity("optimizer_s", "s", lambda e: e.time.optimizer_s, ("cuda",), training_only=True),
 )
 
 
@@ -114,7 +116,7 @@ def compare_rows(rows: list[dict], predict: Callable) -> list[Point]:
     for row in ok_configurations(rows):
         backend = row.get("backend") or ""
         inference = row.get("method") == "inference"
-        wanted = [q for q in QUANTITIES if inference or not q.inference_only]
+        wanted = [q for q in QUANTITIES if (not q.inference_only or inference) and (not q.training_only or not inference)]
         measured = {q.name: measured_value(row.get(q.name)) if backend in q.backends else None for q in wanted}
         slug, predicted, failure = row.get("gpu_slug") or "", {}, ""
         if any(v is not None for v in measured.values()):

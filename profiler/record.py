@@ -71,6 +71,8 @@ _RUN = [
     ("step_spread", "(step_s_max - step_s_min) / step_s"),
     ("prefill_s", "inference: median seconds of the prefill forward"),
     ("decode_token_s", "inference: median seconds per generated token after the prefill"),
+    ("optimizer_s", "training: median seconds of the optimizer step (optimizer.step and zero_grad, after "
+                    "the forward and backward of every micro-batch; not split under DeepSpeed)"),
     ("tokens_per_s", "tokens processed per second per process (batch x seq x grad_accum / step_s; "
                      "inference: batch x (seq + new_tokens) / step_s)"),
     ("mfu", "model FLOPs per second (estimator.flops) / dense peak FLOP/s of the GPU table row"),
@@ -113,7 +115,7 @@ MEASURED_BYTES = MEMORY_QUANTITIES + ("host_rss_bytes",)
 RANK_MAX_BYTES = MEASURED_BYTES + ("host_offload_bytes", "weights_bytes")
 # merge_ranks: these come together from the slowest rank (largest step_s)
 STEP_TIME_COLUMNS = ("step_s", "step_s_min", "step_s_max", "step_spread", "prefill_s", "decode_token_s",
-                     "tokens_per_s", "mfu")
+                     "optimizer_s", "tokens_per_s", "mfu")
 STATUS_PRIORITY = ("oom", "error", "skipped", "ok")  # a configuration's status: the first any rank has
 _FLOAT_COLUMNS = {"step_spread", "mfu"}
 _INT_COLUMNS = {"rank", "world_size", "warmup", "steps", "alloc_retries"}

@@ -28,6 +28,18 @@ def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) ->
     drops the outputs): the half-precision logits are freed before the backward starts. Under
     DistributedDataParallel every micro-batch but the last runs in `model.no_sync()`, so gradients
     are all-reduced once per step, as the HF Trainer and accelerate accumulate."""
+    forward_backward(model, batch, w, device_type)
+    optimizer_step(optimizer)
+
+
+def optimizer_step(optimizer) -> None:
+    """The optimizer step of `train_step`, timed on its own by the profiler (`optimizer_s`)."""
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def forward_backward(model, batch: Batch, w: Workload, device_type: str) -> None:
+    """The forward and backward of every micro-batch of `train_step`."""
     for index in range(w.grad_accum):
         with _sync_context(model, last=index == w.grad_accum - 1):
             if w.loss == "model-dtype":
@@ -38,8 +50,6 @@ def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) ->
                              use_cache=False).loss
             (loss / w.grad_accum).backward()
             del loss
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
 
 
 def _own_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:

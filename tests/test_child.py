@@ -166,7 +166,7 @@ def _raiser(exc):
 
 def test_oom_in_the_step_is_recorded_as_oom(tmp_path, monkeypatch, single_process):
     text = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB\nmore"
-    monkeypatch.setattr(steps, "train_step", _raiser(torch.OutOfMemoryError(text)))
+    monkeypatch.setattr(steps, "forward_backward", _raiser(torch.OutOfMemoryError(text)))
     code, rows = _main(tmp_path, {"seq": 16})
     assert code == 0 and len(rows) == 1
     row = rows[0]
@@ -202,7 +202,7 @@ def test_classify(exc, status, message):
 
 
 def test_an_exception_is_an_error_row_with_its_message(tmp_path, monkeypatch, single_process):
-    monkeypatch.setattr(steps, "train_step", _raiser(KeyError("boom")))
+    monkeypatch.setattr(steps, "forward_backward", _raiser(KeyError("boom")))
     code, rows = _main(tmp_path, {"seq": 16})
     assert (code, rows[0]["status"], rows[0]["message"]) == (0, "error", "KeyError: 'boom'")
 
@@ -367,3 +367,12 @@ def test_after_a_sticky_cuda_error_the_row_keeps_the_gpu_name_read_before(monkey
     # nothing read before the error: not measured, never the CPU's name
     assert child.safe_environment("cuda:1")["gpu_name"] is None
     assert child.safe_environment("cpu")["gpu_name"] == "AMD EPYC"
+
+
+def test_a_training_row_times_its_optimizer_step(tmp_path, single_process):
+    """The step is two timed phases (forward and backward, optimizer step): `optimizer_s` is the
+    second's median, a part of the whole step."""
+    code, rows = _main(tmp_path, {"seq": 16})
+    row = rows[0]
+    assert code == 0 and row["status"] == "ok"
+    assert 0 < row["optimizer_s"] < row["step_s"]
