@@ -105,3 +105,10 @@ def test_peak_flops_has_one_conversion():
     w = Workload(load_spec("llama-3.2-1b"), precision="fp32")
     assert peak_flops(a100, w) == a100.peak_flops("fp32") == measure.peak_flops_per_s(w, "a100-80gb")
     assert measure.peak_flops_per_s(w, None) is None
+
+
+def test_every_quantity_has_a_plot_marker():
+    from profiler import plot
+
+    assert set(plot._MARKERS) == set(quantities.QUANTITIES)
+    assert len(set(plot._MARKERS.values())) == len(quantities.QUANTITIES)
