@@ -52,7 +52,7 @@ def uncertain_bytes(memory: MemoryBreakdown, floor_bytes: int | None = None) -> 
     # activations the estimate puts in host memory (--activation-offload) may stay on the device:
     # TRL keys a saved tensor by its address, so one allocated where a freed offloaded tensor was
     # counts as already offloaded and stays (profiler/offload.py), which no trace reproduces
-    floor += getattr(memory, "offloaded_activations_bytes", 0)
+    floor += memory.offloaded_activations_bytes
     exact = exact_bytes(memory)
     out = {q: max(0, getattr(memory, q) - exact) + floor for q in BOUND_QUANTITIES}
     out["device_used_bytes"] = max(0, memory.device_used_bytes - exact - memory.paged_optimizer_bytes) + floor

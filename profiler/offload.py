@@ -94,9 +94,7 @@ def step_copy(pin: bool) -> Callable:
     real = host_copy(pin)
 
     def copy(t):
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        return metadata_copy(t) if isinstance(t, FakeTensor) else real(t)
+        return metadata_copy(t) if _is_fake(t) else real(t)
     return copy
 
 
