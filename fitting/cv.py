@@ -35,7 +35,6 @@ QUANTILE = 0.95
 # the factors that correct step time, by the steps that judge them: GEMM fractions on training steps,
 # the decode factors on inference steps (prefill + decode)
 TIME_GROUPS = ((("mfu",), True), (("decode_bandwidth_fraction", "decode_host_s_per_layer"), False))
-TIME_FACTORS = tuple(name for names, _ in TIME_GROUPS for name in names)
 
 
 def calibration_of(factors: dict, gpu: str, label: str = "<fit>") -> Calibration:
