@@ -444,3 +444,25 @@ def test_retries_and_the_emptied_cache_on_a_real_gpu():
     cuda.empty_cache("cuda:0")
     assert torch.cuda.memory_reserved(0) < 256 * 2**20
     assert isinstance(cuda.alloc_retries("cuda:0"), int) and cuda.alloc_retries("cuda:0") >= 0
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("9.0a", "9.0"),                      # the first H100 image's value: DeepSpeed's int('0a') failed
+    ("8.0;9.0a;9.0", "8.0;9.0"),
+    ("8.0 8.6 9.0a+PTX", "8.0;8.6;9.0+PTX"),
+    ("10.0f;12.0a", "10.0;12.0"),
+    ("9.0", None), ("8.0;9.0+PTX", None), ("", None), (None, None),
+])
+def test_deepspeed_reads_the_arch_list_it_is_given(value, expected):
+    assert cuda.deepspeed_arch_list(value) == expected
+
+
+def test_a_zero_child_on_a_gpu_gets_an_arch_list_deepspeed_can_parse(monkeypatch):
+    from profiler.device import simulated
+
+    monkeypatch.setattr(simulated, "active", lambda: False)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    assert cuda.deepspeed_environment("cuda") == {"TORCH_CUDA_ARCH_LIST": "9.0"}
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert cuda.deepspeed_environment("cuda") == {}
+    assert cuda.deepspeed_environment("cpu") == {"DS_ACCELERATOR": "cpu"}

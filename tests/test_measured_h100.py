@@ -16,8 +16,11 @@ from estimator.api import estimate
 from fitting.data import workload_from_row
 
 ROOT = Path(__file__).resolve().parents[1]
-FILE = ROOT / "calibrations" / "measurements" / "h100-80gb" / "h100-first-contact-2026-11-27.csv"
+FOLDER = ROOT / "calibrations" / "measurements" / "h100-80gb"
+FILE = FOLDER / "h100-first-contact-2026-11-27.csv"
 ROWS = [r for r in csv.DictReader(FILE.open()) if r["status"] == "ok"]
+SECOND = FOLDER / "h100-second-contact-2026-11-27.csv"
+SECOND_ROWS = [r for r in csv.DictReader(SECOND.open()) if r["status"] == "ok"]
 
 
 def test_the_run_is_what_the_docstring_says():
@@ -43,8 +46,9 @@ def test_bench_time_scores_the_run_per_quantity():
     from tests.scripts_loader import load_script
 
     found = load_script("bench_time").measured(["h100-80gb"])["h100-80gb"]
-    training = sum(r["method"] != "inference" for r in ROWS)
-    assert found["training step"]["n"] == training == 10
-    assert found["prefill"]["n"] == found["decode, per token"]["n"] == len(ROWS) - training
+    rows = ROWS + SECOND_ROWS
+    training = sum(r["method"] != "inference" for r in rows)
+    assert found["training step"]["n"] == training == 10 + 15
+    assert found["prefill"]["n"] == found["decode, per token"]["n"] == len(rows) - training
     for label, m in found.items():
         assert 0 <= m["median_abs"] <= m["p90_abs"], label

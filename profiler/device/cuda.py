@@ -8,6 +8,8 @@ and the reset does nothing. torch is imported when a function is called, not on 
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 from profiler.device import simulated
@@ -61,7 +63,35 @@ def deepspeed_environment(backend: str) -> dict:
     if simulated.active():  # cuda-only
         return {"DS_ACCELERATOR": "cpu"}
     else:  # hardware-only: DeepSpeed finds the real GPUs (its CUDA accelerator) by itself
-        return {}
+        arch = deepspeed_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+        return {} if arch is None else {"TORCH_CUDA_ARCH_LIST": arch}
+
+
+def deepspeed_arch_list(value: str | None) -> str | None:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed's op builder can read it, or None when it can as it is.
+    DeepSpeed 0.19 parses each entry's minor version with int() after dropping "+PTX", so the
+    architecture-specific entries torch accepts ("9.0a", "10.0f") end a FusedAdam build in
+    "invalid literal for int() with base 10: '0a'" (the first H100 image sets 9.0a: every ZeRO run
+    failed there). The suffix letter is dropped (9.0a -> 9.0: FusedAdam uses no sm_90a feature),
+    duplicates removed, order and +PTX kept."""
+    if not value or not value.strip():
+        return None
+    out, changed = [], False
+    for entry in value.replace(" ", ";").split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        base, ptx = (entry[:-4], "+PTX") if entry.endswith("+PTX") else (entry, "")
+        major, _, minor = base.partition(".")
+        digits = minor.rstrip("abcdefghijklmnopqrstuvwxyz")
+        if digits != minor:
+            changed = True
+        fixed = f"{major}.{digits}{ptx}" if minor else base + ptx
+        if fixed not in out:
+            out.append(fixed)
+        else:
+            changed = True
+    return ";".join(out) if changed else None
 
 
 def init(device: str) -> None:
