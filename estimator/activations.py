@@ -567,7 +567,7 @@ def _shared_input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int) -> 
 def offload_kept_bytes_per_token(key: ActivationKey) -> int:
     """Bytes per token of one decoder layer that TRL's activation offloading keeps on the device
     (profiler/offload.py: it offloads a storage at its first save and keeps every later save of it
-    there): an RMSNorm's fp32 input, which its pow and its mul both save, and the normed hidden state
+    there): an RMSNorm's fp32 input, which its pow and its mul both save (the q/k norms' too), and the normed hidden state
     when two or more linears save it (separate q/k/v or gate/up projections of a full fine-tune,
     adapters in the input's dtype)."""
     spec = key.model
@@ -575,6 +575,10 @@ def offload_kept_bytes_per_token(key: ActivationKey) -> int:
     kept = 0
     if spec.norm not in ("layer", "layer_nobias", "layer_noparam") and not key.liger:
         kept += spec.norms_per_layer * 4 * hidden
+        if spec.qk_norm and spec.model_type not in _PER_HEAD_LAYERNORM:
+            # the per-head (or whole-width) RMSNorm of q and k: its fp32 input too (Qwen3: the
+            # H100's activation-offloaded full fine-tune measured these 12 KiB per token per layer)
+            kept += 4 * (spec.q_dim + spec.kv_dim)
     attn_roles = _attention_input_roles(spec)
     mlp_roles = ("gate_proj", "up_proj") if (spec.mlp_gated or spec.is_moe) else ("up_proj",)
     if spec.parallel_block and spec.norms_per_layer == 1:

@@ -57,8 +57,10 @@ ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks 
 # already offloaded storage, which stays on the device (`act.offload_kept_bytes_per_token`); the
 # forward keeps the 5 most recent on the device and the backward holds what it brought back until
 # the next node has run: about one layer's saved tensors. With checkpointing (one saved input per
-# layer) two layers' stay. TRL keys a storage by its address, so on a GPU a tensor allocated where a
-# freed offloaded one was also stays; traces (deterministic) do not reproduce such collisions, and
+# layer) two layers' stay. TRL keys a storage by its address, so on a GPU a tensor the caching
+# allocator puts in the block of a freed offloaded one stays too: a share of the rest that depends
+# on the allocator's layout (estimator/data/overheads.csv activation_offload_address_reuse_fraction,
+# from whole-model traces that model the allocator, profiler/trace/allocator.py, and the H100 runs);
 # the safe bound counts every offloaded byte as uncertain (estimator.bounds).
 OFFLOAD_LAYERS_ON_DEVICE = 2
 
@@ -240,16 +242,21 @@ def _per_token(key: ActivationKey) -> _PerToken:
                      act.logits_backward_per_token(key))
 
 
-def _layers_on_device(w: Workload, sizes: Sizes) -> tuple[int, float]:
+def _layers_on_device(w: Workload, sizes: Sizes, per_layer: float) -> tuple[int, float]:
     """(decoder layers whose saved tensors are all on the device, bytes per token the other layers
-    keep there). Without activation offloading every layer's; with it (TRL) about one layer in
-    flight plus the later saves of each offloaded storage, or two layers' checkpointed inputs."""
+    keep there), `per_layer` being one layer's saved bytes per token. Without activation offloading
+    every layer's; with it (TRL) about one layer in flight plus the later saves of each offloaded
+    storage, or two layers' checkpointed inputs; of the rest, the share the caching allocator puts
+    where an offloaded tensor was (`activation_offload_address_reuse_fraction`) stays too."""
     if not w.activation_offload:
         return sizes.layers, 0.0
+    reuse = overhead("activation_offload_address_reuse_fraction")
     if w.grad_ckpt:
-        return min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE), 0.0
+        on_device = min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE)
+        return on_device, (sizes.layers - on_device) * reuse * per_layer
     on_device = min(sizes.layers, 1)
-    return on_device, (sizes.layers - on_device) * act.offload_kept_bytes_per_token(_activation_key(w))
+    kept = act.offload_kept_bytes_per_token(_activation_key(w))
+    return on_device, (sizes.layers - on_device) * (kept + reuse * max(0.0, per_layer - kept))
 
 
 def saved_activation_bytes(w: Workload) -> int:
@@ -261,7 +268,7 @@ def saved_activation_bytes(w: Workload) -> int:
     per_token = _per_token(_activation_key(w))
     per_layer = per_token.checkpoint if w.grad_ckpt else per_token.layer
     # offloading: the forward stash's last 5 tensors are in flight, counted as one layer (an upper bound)
-    on_device, kept = _layers_on_device(w, sizes)
+    on_device, kept = _layers_on_device(w, sizes, per_layer)
     total_per_token = on_device * per_layer + kept + per_token.outside + per_token.logits_saved
     fixed = 0 if w.grad_ckpt else on_device * act.layer_fixed_bytes(_activation_key(w))
     return int(total_per_token * _scale(w) + fixed + _weight_casts(w, params, sizes, saved=True))
@@ -313,7 +320,7 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
     """The largest of the moments that bound the forward/backward working set (`_moments`)."""
     tokens = _scale(w)
     per_layer = (per_token.checkpoint if w.grad_ckpt else per_token.layer) * tokens
-    on_device, kept = _layers_on_device(w, sizes)
+    on_device, kept = _layers_on_device(w, sizes, per_layer / tokens if tokens else 0.0)
     kept *= tokens
     acts = on_device * per_layer + per_token.outside * tokens + kept
     if not w.grad_ckpt:    # per-layer tensors of any token count (an fp32 router's weight cast)

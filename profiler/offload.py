@@ -18,6 +18,12 @@ min_offload_size=1024, max_fwd_stash_size=5), re-implemented here for its memory
   hook empties the forward stash; the end of the backward empties the rest;
 - the output head (`get_output_embeddings`) is left out: its saved tensors stay on the device.
 
+TRL keys a storage by its device address, so a saved tensor that the caching allocator put in the
+block of an offloaded tensor freed earlier in this forward counts as already offloaded and stays on
+the device: on the H100 about a third of the offloadable bytes stayed so (calibrations/measurements/
+h100-80gb/h100-second-contact-2026-11-27.csv). The tracer reproduces it by giving fake tensors the
+addresses of its model of the allocator (`fake_addresses`, profiler/trace/allocator.py).
+
 `Offloader(device_type, copy)`: `copy(tensor) -> (host, restore)` makes the host copy and returns the
 function that brings it back as a new device tensor. On a GPU (`host_copy`) that is a pinned copy;
 in the tracer (`profiler.trace`, fake CPU tensors standing for the device) `metadata_copy` keeps no
@@ -43,11 +49,30 @@ def _is_fake(t) -> bool:
     return isinstance(t, FakeTensor)
 
 
+_FAKE_ADDRESS: list = []   # the tracer's address of a fake tensor (fake_addresses), innermost last
+
+
+@contextmanager
+def fake_addresses(address_of: Callable):
+    """While inside, a fake tensor's address is `address_of(tensor)` (the tracer's model of the
+    caching allocator, profiler/trace/allocator.py) when it gives one: a later tensor that the
+    allocator would put in the block of a freed offloaded one is then seen as TRL sees it on a GPU."""
+    _FAKE_ADDRESS.append(address_of)
+    try:
+        yield
+    finally:
+        _FAKE_ADDRESS.remove(address_of)
+
+
 def _address(t) -> int:
-    """A real tensor's storage address (TRL's key); a fake one's storage object address. A DTensor
-    (FSDP2's parameters) by its local shard, as TRL looks at it."""
+    """A real tensor's storage address (TRL's key); a fake one's made-up device address under
+    `fake_addresses`, else its storage object's address. A DTensor (FSDP2's parameters) by its
+    local shard, as TRL looks at it."""
     t = getattr(t, "_local_tensor", t)
-    return t.untyped_storage()._cdata if _is_fake(t) else t.untyped_storage().data_ptr()
+    if not _is_fake(t):
+        return t.untyped_storage().data_ptr()
+    address = _FAKE_ADDRESS[-1](t) if _FAKE_ADDRESS else None
+    return t.untyped_storage()._cdata if address is None else address
 
 
 def host_copy(pin: bool) -> Callable:
@@ -139,15 +164,15 @@ class Offloader:
         _, restore = self.copy(t)
         self.tracker[number] = ("host", restore)
         self.fwd_stash[number] = t
-        self.seen[key] = weakref.ref(t.untyped_storage()) if _is_fake(t) else None
+        self.seen[key] = weakref.ref(t.untyped_storage()) if _is_fake(t) and not _FAKE_ADDRESS else None
         self.moved += 1
         return number
 
     def _seen(self, key) -> bool:
         """Whether this storage region was offloaded in this forward. A real tensor is keyed by its
         address as TRL keys it, so a later tensor at a freed offloaded tensor's address counts as
-        seen, as in TRL; a fake one (the tracer) by its live storage object only, so that a trace
-        does not depend on where its allocator happened to put a storage."""
+        seen, as in TRL; so is a fake one in the tracer (`fake_addresses`: the address its model of
+        the caching allocator gives); any other fake one by its live storage object only."""
         if key not in self.seen:
             return False
         ref = self.seen[key]

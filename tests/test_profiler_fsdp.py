@@ -159,9 +159,11 @@ def test_activation_offload_row_is_ok_in_one_process(tmp_path):
 
 def test_activation_offload_is_traced_and_the_estimate_follows():
     """The tracer runs TRL's offloading on fake tensors (host copies keep no bytes, a tensor brought
-    back is a new device allocation): the traced peak falls; the estimate (one layer in flight plus
-    the later saves TRL keeps) lands within 3% above it, and its uncalibrated safe bound, which
-    counts the offloaded activations as uncertain, covers it."""
+    back is a new device allocation, addresses from its model of the caching allocator): the traced
+    peak falls; the estimate (one layer in flight, the later saves TRL keeps, the median share the
+    allocator's address reuse keeps) lands within 2% below and 6% above it (the reuse share of these traces:
+    0.29 and 0.42), and its uncalibrated safe bound, which counts the offloaded activations as
+    uncertain, covers it."""
     from estimator.api import estimate
     from profiler.trace import trace
 
@@ -172,7 +174,7 @@ def test_activation_offload_is_traced_and_the_estimate_follows():
         assert traced_on < traced_off
         est = estimate(on.workload(), "h100-80gb", "none", cpu_trace=True)
         assert est.memory.offloaded_activations_bytes > 0
-        assert traced_on <= est.memory.peak_allocated_bytes <= 1.03 * traced_on
+        assert 0.98 * traced_on <= est.memory.peak_allocated_bytes <= 1.06 * traced_on
         assert est.safe["peak_allocated_bytes"] >= traced_on
         assert any("activation offloading" in n for n in est.regime_notes)
 

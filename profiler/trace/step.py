@@ -104,6 +104,10 @@ def trace(subject, cfg: dict | None = None, layers: int | None = None, repeats: 
     start = time.perf_counter()
     w, cfg = _resolve(subject, cfg)
     check_traceable(w)
+    if layers is None and w.activation_offload:
+        # TRL keys offloaded tensors by address: which ones the allocator's reuse keeps on the
+        # device settles over the depth of the model, not in the few layers extrapolation traces
+        layers = w.model.num_layers
     if layers is not None and layers >= w.model.num_layers:   # the whole model: nothing to reduce
         measures, weights, extrapolated = [_trace_once(dict(cfg), w)], (1.0,), False
     elif layers is not None:
@@ -172,6 +176,7 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
     """Build the model with `cfg` (already reduced), run the step on fake cpu tensors, count."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from profiler.offload import fake_addresses
     from profiler.trace.patches import kv_cache_tagging, tracing_patches
     from profiler.trace.tracker import LiveBytes
 
@@ -189,7 +194,10 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
         tag.append(tracker)
         handle = model.register_forward_pre_hook(_phase_hook(tracker, w))
         try:
-            with tracker:
+            with tracker, fake_addresses(tracker.address_of):
+                if w.activation_offload:   # TRL keys saved tensors by address: the allocator's steady state
+                    _run(model, optimizer, batch, w)
+                    tracker.restart()
                 _run(model, optimizer, batch, w)
         finally:
             handle.remove()

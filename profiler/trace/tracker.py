@@ -44,6 +44,8 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as _dense
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from profiler.trace.allocator import CachingAllocator
+
 GRANULE = 512  # CUDA caching allocator: every block is a multiple of 512 B (kMinBlockSize)
 _ADD = torch.ops.aten.add.Tensor
 _EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
@@ -82,7 +84,8 @@ class LiveBytes(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._live: dict[int, list] = {}      # id(storage) -> [bytes, category, weakref]
+        self._live: dict[int, list] = {}      # id(storage) -> [bytes, category, weakref, address]
+        self.allocator = CachingAllocator()   # where a GPU would put each storage (trace/allocator.py)
         self._not_stealable: set[int] = set()  # id(storage) of embedding_dense_backward outputs (live)
         self.current = dict.fromkeys(CATEGORIES, 0)
         self.total = 0
@@ -111,11 +114,13 @@ class LiveBytes(TorchDispatchMode):
             self.current[category] += entry[0]
             self._bump_category(category)
 
-    def _add(self, st, category: str) -> None:
+    def _add(self, st, category: str, address: int | None = -1) -> None:
         nbytes = rounded(st.nbytes())
         key = id(st)
         ref = weakref.ref(st, lambda _, key=key: self._free(key))
-        self._live[key] = [nbytes, category, ref]
+        if address == -1:
+            address = self.allocator.malloc(st.nbytes())
+        self._live[key] = [nbytes, category, ref, address]
         self.current[category] += nbytes
         self.total += nbytes
         self._bump_category(category)
@@ -126,6 +131,13 @@ class LiveBytes(TorchDispatchMode):
         if entry is not None:
             self.current[entry[1]] -= entry[0]
             self.total -= entry[0]
+            if entry[3] is not None:
+                self.allocator.free(entry[3])
+
+    def address_of(self, tensor) -> int | None:
+        """The made-up device address of `tensor`'s storage (None when not counted or 0 bytes)."""
+        entry = self._live.get(id(tensor.untyped_storage()))
+        return None if entry is None else entry[3]
 
     def _bump_category(self, category: str) -> None:
         if self.current[category] > self.category_max[category]:
@@ -144,6 +156,15 @@ class LiveBytes(TorchDispatchMode):
             pk.by_category = {k: v for k, v in self.current.items() if v}
             if self.total > self.peak.total:
                 self.peak = Peak(self.total, dict(pk.by_category))
+
+    def restart(self) -> None:
+        """Forget the peaks, phases and maxima seen so far; keep the live storages and where the
+        allocator put them (a step run again starts from the state the first one left)."""
+        self.peak = Peak(self.total, {k: v for k, v in self.current.items() if v})
+        self.part_peaks.clear()
+        self.phase_start.clear()
+        self.category_max = dict(self.current)
+        self.phase, self.part = "setup", "pre"
 
     # ---- phases --------------------------------------------------------------------------------
     def current_phase(self) -> str:
@@ -253,7 +274,8 @@ class LiveBytes(TorchDispatchMode):
                 self.current[entry[1]] -= entry[0]
                 self.total -= entry[0]
                 entry[0] = 0
-                self._add(target, TEMP)
+                address, entry[3] = entry[3], None   # the sum is written into the operand's block
+                self._add(target, TEMP, address)
                 return True
         return False
 
