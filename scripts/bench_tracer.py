@@ -6,6 +6,7 @@
     python scripts/bench_tracer.py --json     # rows and summaries as JSON
     python scripts/bench_tracer.py --match dora --no-7b   # the configurations whose label has "dora"
     python scripts/bench_tracer.py --families  # only the newer families (profiler/trace/families.py)
+    python scripts/bench_tracer.py --measured h100-80gb   # traced whole against that GPU's measurements
 
 For every configuration: the traced peak_allocated_bytes (profiler.trace, fake tensors, layer
 extrapolation), the raw estimate (estimator.memory, no calibration), their relative error, and the
@@ -18,6 +19,10 @@ profiler/trace/families.py traced whole at 2 x 256 tokens for a full fine-tune, 
 inference, one row each; a combination the estimator refuses on purpose prints `refused: <reason>`
 and is not counted (a refused QLoRA is followed by QLoRA without kbit preparation, which those
 models do run: `qlora-no-prep`). Then the median and worst |error| over the family rows.
+
+--measured GPU: every single-process row of calibrations/measurements/GPU/ traced whole with the
+model of the caching allocator (profiler/trace/measured.py): traced against measured peak
+allocated and peak reserved, and the raw estimator's reserved beside it (--match narrows the rows).
 """
 
 from __future__ import annotations
@@ -144,9 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--match", metavar="TEXT", help="only the configurations whose label contains TEXT (e.g. dora)")
     p.add_argument("--families", action="store_true",
                    help="only the family section (profiler/trace/families.py: full, LoRA, QLoRA, inference)")
+    p.add_argument("--measured", metavar="GPU",
+                   help="trace the rows of calibrations/measurements/GPU whole, reserved included, against them")
     args = p.parse_args(argv)
     if args.families:
         return _families_only(args)
+    if args.measured:
+        return _measured(args)
     cases = list(TEST_SUBSET) if args.subset else grid()
     if args.match:
         cases = [c for c in cases if args.match.lower() in describe(c).lower()]
@@ -207,6 +216,36 @@ def _families_only(args) -> int:
         return 0
     print_family_summary(s)
     print(f"families traced in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def _measured(args) -> int:
+    from profiler.trace.measured import against_measurements, measured_files
+
+    if not measured_files(args.measured):
+        print(f"bench_tracer.py: no measurements for GPU {args.measured!r} in calibrations/measurements/",
+              file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    rows, left_out = against_measurements(args.measured, args.match, log=None if args.json else print)
+    if not rows:
+        print(f"bench_tracer.py: no traceable row of {args.measured!r}"
+              + (f" contains {args.match!r}" if args.match else ""), file=sys.stderr)
+        return 2
+    sums = {what: summary([r.error(what) for r in rows]) for what in ("allocated", "reserved", "estimated")}
+    if args.json:
+        print(json.dumps({"gpu": args.measured, "summaries": sums, "left_out": left_out,
+                          "rows": [r.to_dict() for r in rows], "seconds": time.perf_counter() - start}, indent=2))
+        return 0
+    print()
+    for what, name in (("allocated", "traced peak_allocated_bytes"), ("reserved", "traced peak_reserved_bytes"),
+                       ("estimated", "estimator peak_reserved_bytes")):
+        s = sums[what]
+        print(f"{name:<31} n={s['n']:<3} median |error| {100 * s['median_abs']:.2f}%   worst "
+              f"{100 * s['worst_abs']:.2f}%   under-estimates {100 * s['under_rate']:.0f}%")
+    for label, why in left_out:
+        print(f"left out: {label}: {why}")
+    print(f"traced in {time.perf_counter() - start:.0f} s")
     return 0
 
 

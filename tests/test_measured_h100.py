@@ -85,3 +85,32 @@ def test_offloading_estimate_is_not_under_by_more_than_1_percent_and_its_bounds_
     assert est.memory.peak_allocated_bytes >= 0.99 * measured
     assert est.safe["peak_allocated_bytes"] >= measured
     assert est.safe["device_used_bytes"] >= int(row["device_used_bytes"])
+
+
+# the rows whose reserved memory the raw formulas miss most: fragmentation under checkpointing
+# (Qwen3-1.7B 2.34 GB, Qwen2.5-0.5B AMP 2.08 GB above allocated) and a 7.5 GB gap at 16k tokens
+FRAGMENTED = [r for r in ROWS + SECOND_ROWS if r["id"] in (
+    "Qwen/Qwen3-1.7B#4e536d35|batch=2|seq=1024|grad_ckpt=True",
+    "Qwen/Qwen2.5-0.5B-Instruct#f21f466c|precision=amp-bf16|batch=2|seq=1024|grad_ckpt=True",
+    "meta-llama/Llama-3.2-1B#f7d1d413|batch=8|seq=2048")]
+
+
+def test_the_fragmented_rows_are_there():
+    assert len(FRAGMENTED) == 3
+    for row in FRAGMENTED:
+        assert int(row["peak_reserved_bytes"]) - int(row["peak_allocated_bytes"]) > 2 * 10**9
+
+
+@pytest.mark.parametrize("row", FRAGMENTED, ids=[r["id"] for r in FRAGMENTED])
+def test_the_allocator_model_predicts_reserved_within_1_percent(row):
+    """A whole-model trace of two steps (the first makes the optimizer states where the allocator
+    finds room, as a real first step does) placed by profiler/trace/allocator.py: peak reserved
+    within 1% of the H100's, where the raw formulas are 4.5-11% off."""
+    from profiler.trace.measured import case_of
+    from profiler.trace import trace
+
+    case, _ = case_of(row)
+    result = trace(case, reserved=True)
+    measured = int(row["peak_reserved_bytes"])
+    assert abs(result.peak_reserved_bytes - measured) <= 0.01 * measured, (result.peak_reserved_bytes, measured)
+    assert result.layers_traced == (result.num_layers,)

@@ -99,3 +99,17 @@ def test_the_tracker_places_fake_storages_where_the_allocator_would():
             assert tracker.address_of(y) == first
             assert tracker.address_of(z) != first
             assert tracker.allocator.peak_reserved_bytes == 32 * MiB
+
+
+def test_reserved_is_traced_only_when_asked_and_never_below_allocated():
+    from profiler.case import Case
+    from profiler.trace import trace
+
+    case = Case("Qwen/Qwen2.5-0.5B-Instruct", {"method": "lora", "batch": 1, "seq": 128}, 1, 1)
+    plain = trace(case)
+    assert plain.peak_reserved_bytes is None and plain.extrapolated
+    with_reserved = trace(case, reserved=True)
+    assert not with_reserved.extrapolated and with_reserved.layers_traced == (24,)
+    assert with_reserved.peak_reserved_bytes >= with_reserved.peak_allocated_bytes
+    # the second step's allocated peak is the one step's (states made in the first or up front)
+    assert abs(with_reserved.peak_allocated_bytes - plain.peak_allocated_bytes) <= 0.002 * plain.peak_allocated_bytes

@@ -63,6 +63,10 @@ class TraceResult:
     trace_s: float
     rss_bytes: int
     notes: tuple = field(default_factory=tuple)
+    # what torch.cuda.max_memory_reserved() would reach (trace(reserved=True): the allocator model
+    # places every storage of a first step, optimizer states made in it as a real one makes them,
+    # and of the traced second step; profiler/trace/allocator.py); None when not asked for
+    peak_reserved_bytes: int | None = None
 
     @property
     def saved_activations_bytes(self) -> int | None:
@@ -90,33 +94,39 @@ class _Measure:
     phase_start: dict       # phase -> {category: bytes} when it began
     category_max: dict
     layers: int
+    reserved: int | None = None   # the allocator model's peak reserved (two steps), or None
 
 
-def trace(subject, cfg: dict | None = None, layers: int | None = None, repeats: int = 2) -> TraceResult:
+def trace(subject, cfg: dict | None = None, layers: int | None = None, repeats: int = 2,
+          reserved: bool = False) -> TraceResult:
     """Trace one step of `subject`: a profiler.case.Case, or a Workload with its raw HF config
     dict `cfg`.
 
     `layers=None` traces small models (`repeats` layers of each kind, then one more of each) and
     extrapolates to the model's layer count; `layers=n` traces the first n layers only. Raises
     NotImplementedError for what cannot be traced (see profiler/trace_scope.py). `rss_bytes` is the
-    peak resident memory of this process so far.
+    peak resident memory of this process so far. `reserved=True` also gives `peak_reserved_bytes`:
+    two steps are traced, the first as a real first step runs (the optimizer makes its states inside
+    it, where the allocator finds room among the freed activations: the fragmentation a
+    checkpointed run's reserved memory shows), the peaks are the second's.
     """
     start = time.perf_counter()
     w, cfg = _resolve(subject, cfg)
     check_traceable(w)
-    if layers is None and w.activation_offload:
-        # TRL keys offloaded tensors by address: which ones the allocator's reuse keeps on the
-        # device settles over the depth of the model, not in the few layers extrapolation traces
+    if layers is None and (w.activation_offload or reserved):
+        # where the allocator puts things (which offloaded addresses TRL sees again, how the
+        # segments fragment) settles over the whole model, not linearly in its layer count:
+        # reserved from 2- and 3-layer traces extrapolated came out 2-38% under the H100 rows
         layers = w.model.num_layers
     if layers is not None and layers >= w.model.num_layers:   # the whole model: nothing to reduce
-        measures, weights, extrapolated = [_trace_once(dict(cfg), w)], (1.0,), False
+        measures, weights, extrapolated = [_trace_once(dict(cfg), w, reserved)], (1.0,), False
     elif layers is not None:
         kinds = tl.layer_kinds(cfg, w)[:layers]
-        measures, weights = [_trace_once(tl.reduced_config(cfg, kinds), w)], (1.0,)
+        measures, weights = [_trace_once(tl.reduced_config(cfg, kinds), w, reserved)], (1.0,)
         extrapolated = False
     else:
         p = tl.plan(tl.layer_kinds(cfg, w), repeats)
-        measures = [_trace_once(tl.reduced_config(cfg, list(kinds)), w) for kinds in p.models]
+        measures = [_trace_once(tl.reduced_config(cfg, list(kinds)), w, reserved) for kinds in p.models]
         weights, extrapolated = p.weights, len(p.models) > 1
     return _result(w, measures, weights, extrapolated, time.perf_counter() - start)
 
@@ -156,6 +166,8 @@ def _result(w: Workload, measures: list[_Measure], weights, extrapolated: bool, 
         layers_traced=tuple(m.layers for m in measures), extrapolated=extrapolated,
         trace_s=seconds, rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         notes=_notes(w),
+        peak_reserved_bytes=(None if any(m.reserved is None for m in measures)
+                             else round(sum(wt * m.reserved for wt, m in zip(weights, measures)))),
     )
 
 
@@ -172,8 +184,10 @@ def _notes(w: Workload) -> tuple:
     return tuple(notes)
 
 
-def _trace_once(cfg: dict, w: Workload) -> _Measure:
-    """Build the model with `cfg` (already reduced), run the step on fake cpu tensors, count."""
+def _trace_once(cfg: dict, w: Workload, reserved: bool = False) -> _Measure:
+    """Build the model with `cfg` (already reduced), run the step on fake cpu tensors, count.
+    Two steps when the allocator's layout matters (`reserved`, activation offloading: TRL keys
+    saved tensors by address), the first with the optimizer states made inside it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from profiler.offload import fake_addresses
@@ -186,7 +200,8 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
         _materialize(model, "cpu")
         optimizer = make_optimizer(model, w)
         batch = make_batch(w, cfg.get("text_config", cfg)["vocab_size"], "cpu")
-        _warm_up(model, optimizer, w)
+        two_steps = reserved or w.activation_offload
+        _warm_up(model, None if two_steps else optimizer, w)
         tracker = LiveBytes()
         _register(tracker, model, optimizer, batch)
         tracker.watch(model, optimizer)
@@ -195,9 +210,11 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
         handle = model.register_forward_pre_hook(_phase_hook(tracker, w))
         try:
             with tracker, fake_addresses(tracker.address_of):
-                if w.activation_offload:   # TRL keys saved tensors by address: the allocator's steady state
+                if two_steps:
                     _run(model, optimizer, batch, w)
                     tracker.restart()
+                    handle.remove()    # the next forward is a prefill again
+                    handle = model.register_forward_pre_hook(_phase_hook(tracker, w))
                 _run(model, optimizer, batch, w)
         finally:
             handle.remove()
@@ -205,7 +222,8 @@ def _trace_once(cfg: dict, w: Workload) -> _Measure:
     starts = {ph: dict(v) for ph, v in tracker.phase_start.items() if ph in _REPORTED}
     parts = {k: pk for k, pk in tracker.part_peaks.items() if k.partition("/")[0] in _REPORTED}
     return _Measure({k: pk.total for k, pk in parts.items()}, {k: dict(pk.by_category) for k, pk in parts.items()},
-                    starts, dict(tracker.category_max), layers)
+                    starts, dict(tracker.category_max), layers,
+                    tracker.allocator.peak_reserved_bytes if reserved else None)
 
 
 def _decoder_layers(model, n: int):

@@ -1,0 +1,97 @@
+"""The tracer against real GPU measurements: each single-process row of a GPU's committed
+measurements (calibrations/measurements/<gpu>/) traced whole with the allocator model
+(`trace(..., reserved=True)`), its traced peak allocated and peak reserved beside the measured ones,
+and the raw estimate's reserved for comparison. `scripts/bench_tracer.py --measured <gpu>` prints it.
+
+The trace has no CUDA context and no cuBLAS workspaces (allocated by the caching allocator on a GPU,
+tens of MiB), so it sits a little under; rows the tracer cannot run (bitsandbytes optimizers,
+several GPUs) are left out with their reason."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MEASUREMENTS = ROOT / "calibrations" / "measurements"
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    """One measured row and its trace (bytes)."""
+
+    label: str
+    source_file: str
+    measured_allocated: int
+    measured_reserved: int
+    traced_allocated: int
+    traced_reserved: int
+    estimated_reserved: int     # the raw estimator (no calibration), for comparison
+    trace_s: float
+
+    def error(self, what: str) -> float:
+        """(traced or estimated - measured) / measured: what is allocated, reserved or estimated."""
+        got = {"allocated": self.traced_allocated, "reserved": self.traced_reserved,
+               "estimated": self.estimated_reserved}[what]
+        measured = self.measured_allocated if what == "allocated" else self.measured_reserved
+        return got / measured - 1.0
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(allocated_error=self.error("allocated"), reserved_error=self.error("reserved"),
+                 estimated_reserved_error=self.error("estimated"))
+        return d
+
+
+def measured_files(gpu: str) -> list[Path]:
+    return sorted((MEASUREMENTS / gpu).glob("*.csv"))
+
+
+def case_of(row: dict):
+    """The Case a measured row ran (its non-default Workload fields)."""
+    from estimator.workload import Workload
+    from fitting.data import workload_from_row
+    from profiler.case import Case
+
+    w = workload_from_row(row)
+    defaults = {f.name: f.default for f in fields(Workload)}
+    settings = {}
+    for f in fields(Workload):
+        value = getattr(w, f.name)
+        if f.name != "model" and value != defaults[f.name]:
+            settings[f.name] = list(value) if isinstance(value, tuple) else value
+    return Case(row["model"], settings, 1, 1), w
+
+
+def against_measurements(gpu: str, match: str | None = None, log=print) -> tuple[list[MeasuredRow], list[tuple]]:
+    """(rows traced, [(label, reason)] left out) for `gpu`'s committed measurements; `match` keeps
+    the rows whose id contains it."""
+    from estimator.api import estimate
+    from profiler.trace.step import trace
+
+    rows, left_out = [], []
+    for path in measured_files(gpu):
+        for row in csv.DictReader(path.open()):
+            if row["status"] != "ok" or (match and match.lower() not in row["id"].lower()):
+                continue
+            label = row["id"]
+            if int(row.get("world_size") or 1) != 1:
+                left_out.append((label, "several processes: not traced"))
+                continue
+            case, w = case_of(row)
+            try:
+                result = trace(case, reserved=True)
+            except NotImplementedError as exc:
+                left_out.append((label, f"not traceable: {exc}"))
+                continue
+            est = estimate(w, gpu, calibration="none")
+            r = MeasuredRow(label, path.name, int(row["peak_allocated_bytes"]), int(row["peak_reserved_bytes"]),
+                            result.peak_allocated_bytes, result.peak_reserved_bytes,
+                            est.memory.peak_reserved_bytes, result.trace_s)
+            rows.append(r)
+            if log:
+                log(f"{label[:70]:70} allocated {100 * r.error('allocated'):+6.2f}%  reserved "
+                    f"{100 * r.error('reserved'):+6.2f}%  (estimator {100 * r.error('estimated'):+6.2f}%)  "
+                    f"{r.trace_s:5.1f} s")
+    return rows, left_out
