@@ -198,8 +198,10 @@ def test_liger_removes_the_logits_from_the_peak():
 def test_activation_offload_keeps_the_later_saves_and_one_layer():
     """TRL's offloading (profiler/offload.py): every layer but the one in flight goes to the host,
     less what TRL keeps: each RMSNorm's fp32 input (saved by its pow and its mul: 2 norms x 4 B x
-    hidden per token); LoRA's adapters cast their input to fp32 each, so nothing else is shared.
-    With checkpointing two layers' inputs stay, as before."""
+    hidden per token); LoRA's adapters cast their input to fp32 each, so nothing else is shared;
+    and of the rest, the 35% the caching allocator puts where a freed offloaded tensor was
+    (estimator/data/overheads.csv activation_offload_address_reuse_fraction = 0.35).
+    With checkpointing two layers' inputs stay, and 35% of the others'."""
     from estimator.activations import activation_key, checkpoint_bytes_per_token, layer_bytes_per_token
     from estimator.memory import estimate_memory
 
@@ -208,12 +210,13 @@ def test_activation_offload_keeps_the_later_saves_and_one_layer():
     tokens = 2 * 2048
     per_layer = layer_bytes_per_token(activation_key(w)) * tokens
     kept = 31 * 2 * 4 * 4096 * tokens
-    assert on.host_bytes == on.offloaded_activations_bytes == 31 * per_layer - kept
-    assert off.activations_bytes - on.activations_bytes == on.host_bytes
+    assert on.host_bytes == on.offloaded_activations_bytes
+    assert on.host_bytes == pytest.approx(0.65 * (31 * per_layer - kept), abs=2)
+    assert off.activations_bytes - on.activations_bytes == pytest.approx(on.host_bytes, abs=2)
     assert on.peak_allocated_bytes < off.peak_allocated_bytes
     ck = w.with_(grad_ckpt=True)
     ck_on = estimate_memory(ck.with_(activation_offload=True), 0.0, 0)
-    assert ck_on.host_bytes == 30 * checkpoint_bytes_per_token(activation_key(ck)) * tokens
+    assert ck_on.host_bytes == pytest.approx(0.65 * 30 * checkpoint_bytes_per_token(activation_key(ck)) * tokens, abs=2)
 
 
 def test_pipeline_parallel_inference_divides_the_kv_cache():
