@@ -319,8 +319,9 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
                       trained: Training) -> _ForwardBackward:
     """The largest of the moments that bound the forward/backward working set (`_moments`)."""
     tokens = _scale(w)
-    per_layer = (per_token.checkpoint if w.grad_ckpt else per_token.layer) * tokens
-    on_device, kept = _layers_on_device(w, sizes, per_layer / tokens if tokens else 0.0)
+    per_layer_token = per_token.checkpoint if w.grad_ckpt else per_token.layer
+    per_layer = per_layer_token * tokens
+    on_device, kept = _layers_on_device(w, sizes, per_layer_token)
     kept *= tokens
     acts = on_device * per_layer + per_token.outside * tokens + kept
     if not w.grad_ckpt:    # per-layer tensors of any token count (an fp32 router's weight cast)

@@ -88,3 +88,17 @@ def test_seven_b_trace_is_fast_and_small():
     assert data["layers"] == [2, 3]
     assert data["rss"] < 2 * 2**30
     assert data["s"] < 30
+
+
+def test_bench_tracer_measured_prints_traced_against_measured_reserved():
+    bench = [sys.executable, str(ROOT / "scripts" / "bench_tracer.py"), "--measured"]
+    bad = subprocess.run([*bench, "no-such-gpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no measurements" in bad.stderr
+    out = subprocess.run([*bench, "h100-80gb", "--match", "Llama-3.2-1B#f7d1d413|batch=8|seq=2048", "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads(out.stdout)
+    (row,) = data["rows"]
+    assert row["measured_reserved"] == 69526880256     # calibrations/measurements/h100-80gb, second call
+    assert abs(row["reserved_error"]) < 0.01
+    assert data["summaries"]["reserved"]["n"] == 1

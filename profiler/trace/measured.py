@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass, fields
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-MEASUREMENTS = ROOT / "calibrations" / "measurements"
+
+
+def measured_files(gpu: str) -> list:
+    """calibrations/measurements/<gpu>/*.csv (fitting.data.committed_files)."""
+    from fitting.data import committed_files
+
+    return committed_files(gpu)
 
 
 @dataclass(frozen=True)
@@ -44,24 +48,12 @@ class MeasuredRow:
         return d
 
 
-def measured_files(gpu: str) -> list[Path]:
-    return sorted((MEASUREMENTS / gpu).glob("*.csv"))
-
-
 def case_of(row: dict):
-    """The Case a measured row ran (its non-default Workload fields)."""
-    from estimator.workload import Workload
-    from fitting.data import workload_from_row
-    from profiler.case import Case
+    """The Case a measured row ran, and its Workload (profiler.record.case_from_row)."""
+    from profiler.record import case_from_row
 
-    w = workload_from_row(row)
-    defaults = {f.name: f.default for f in fields(Workload)}
-    settings = {}
-    for f in fields(Workload):
-        value = getattr(w, f.name)
-        if f.name != "model" and value != defaults[f.name]:
-            settings[f.name] = list(value) if isinstance(value, tuple) else value
-    return Case(row["model"], settings, 1, 1), w
+    case = case_from_row(row)
+    return case, case.workload()
 
 
 def against_measurements(gpu: str, match: str | None = None, log=print) -> tuple[list[MeasuredRow], list[tuple]]:
