@@ -99,6 +99,6 @@ def test_bench_tracer_measured_prints_traced_against_measured_reserved():
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout)
     (row,) = data["rows"]
-    assert row["measured_reserved"] == 69526880256     # calibrations/measurements/h100-80gb, second call
+    assert row["measured_reserved_bytes"] == 69526880256     # calibrations/measurements/h100-80gb, second call
     assert abs(row["reserved_error"]) < 0.01
     assert data["summaries"]["reserved"]["n"] == 1

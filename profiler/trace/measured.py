@@ -27,18 +27,18 @@ class MeasuredRow:
 
     label: str
     source_file: str
-    measured_allocated: int
-    measured_reserved: int
-    traced_allocated: int
-    traced_reserved: int
-    estimated_reserved: int     # the raw estimator (no calibration), for comparison
+    measured_allocated_bytes: int
+    measured_reserved_bytes: int
+    traced_allocated_bytes: int
+    traced_reserved_bytes: int
+    estimated_reserved_bytes: int     # the raw estimator (no calibration), for comparison
     trace_s: float
 
     def error(self, what: str) -> float:
         """(traced or estimated - measured) / measured: what is allocated, reserved or estimated."""
-        got = {"allocated": self.traced_allocated, "reserved": self.traced_reserved,
-               "estimated": self.estimated_reserved}[what]
-        measured = self.measured_allocated if what == "allocated" else self.measured_reserved
+        got = {"allocated": self.traced_allocated_bytes, "reserved": self.traced_reserved_bytes,
+               "estimated": self.estimated_reserved_bytes}[what]
+        measured = self.measured_allocated_bytes if what == "allocated" else self.measured_reserved_bytes
         return got / measured - 1.0
 
     def to_dict(self) -> dict:

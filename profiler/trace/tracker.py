@@ -44,9 +44,9 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as _dense
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from profiler.trace.allocator import MIN_BLOCK as GRANULE  # every block a multiple of 512 B (kMinBlockSize)
 from profiler.trace.allocator import CachingAllocator
 
-GRANULE = 512  # CUDA caching allocator: every block is a multiple of 512 B (kMinBlockSize)
 _ADD = torch.ops.aten.add.Tensor
 _EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
 
