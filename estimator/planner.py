@@ -279,7 +279,7 @@ def chinchilla(slug: str, n_gpus: int, hours: float | None, mfu: float | None = 
     full fine-tune unless given)."""
     if hours is None:
         raise InputError("--chinchilla needs --hours (wall-clock budget) with --gpu and --gpus")
-    mfu = mfu if mfu is not None else tables.mfu_default("full", slug).mfu
+    mfu = mfu if mfu is not None else tables.mfu_default("training", slug).mfu
     if not 0 < mfu < 1:
         raise InputError("--mfu must be between 0 and 1")
     return Budget(slug, n_gpus, hours, mfu, compute_optimal(budget_flops(slug, n_gpus, hours, mfu)))

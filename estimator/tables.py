@@ -38,7 +38,9 @@ DTYPE_COLUMNS = ("name", "bytes_per_element", "source", "date")
 
 SCOPES = ("intra-node", "inter-node")
 PRICINGS = ("on-demand", "spot", "reserved")
-MFU_METHODS = ("full", "lora", "qlora", "inference-prefill", "decode-bandwidth")
+MFU_METHODS = ("gemm", "training", "full", "lora", "qlora", "inference-prefill", "decode-bandwidth")
+# methods whose step time is a roofline of GEMMs and the rest: their GEMMs run at the `gemm` rows
+GEMM_METHODS = ("full", "lora", "qlora", "inference-prefill")
 _DENSE_FIELDS = {"bf16": "bf16_dense_tflops", "fp16": "fp16_dense_tflops",
                  "tf32": "tf32_dense_tflops", "fp32": "fp32_tflops", "fp8": "fp8_dense_tflops"}
 
@@ -446,17 +448,24 @@ def price(slug: str, path: str | None = None, provider: str | None = None, tier:
 
 
 def mfu_default(method: str, gpu_slug: str) -> MfuDefault:
-    """Default achieved GEMM fraction (HFU) for (method, GPU): the GPU's own row, else the method's
-    '*' row; LoRA, QLoRA and prefill run the same GEMMs as full training (estimator.compute_time
-    charges their adapters, dequantization and attention separately), so without a row of their own
-    they take full training's."""
+    """Default achieved fraction for (method, GPU) from estimator/data/mfu.csv.
+
+    Three kinds of row (issue 11, one convention):
+    - `gemm`: the fraction of dense peak the GEMMs reach (HFU on GEMM FLOPs), what the step-time
+      roofline (estimator.compute_time) divides GEMM FLOPs by; full training, LoRA, QLoRA and prefill
+      run the same GEMMs (their adapters, dequantization, attention and elementwise work are charged
+      separately), so a method without a row of its own takes the `gemm` row;
+    - `training`: end-to-end MFU (model FLOPs / (step x peak)) of published training runs, which
+      already includes everything besides the GEMMs: the `--chinchilla` budget only;
+    - `decode-bandwidth`: the fraction of peak memory bandwidth decode reaches.
+    Lookup: (method, GPU), then (gemm, GPU) for a GEMM method, then (method, *), then (gemm, *)."""
     table = _mfu_table()
     slug = gpu_slug.lower()
-    row = table.get((method, slug)) or table.get((method, "*"))
-    if row is None and method in ("lora", "qlora", "inference-prefill"):
-        row = table.get(("full", slug)) or table.get(("full", "*"))
+    gemm = method in GEMM_METHODS
+    row = (table.get((method, slug)) or (gemm and table.get(("gemm", slug)))
+           or table.get((method, "*")) or (gemm and table.get(("gemm", "*"))) or None)
     if row is None:
-        methods = sorted({m for m, _ in table})
+        methods = sorted({m for m, _ in table} | set(GEMM_METHODS))
         raise InputError(f"no default MFU for method '{method}' on '{gpu_slug}'; "
                              f"methods: {', '.join(methods)}")
     return row

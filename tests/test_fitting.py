@@ -346,20 +346,26 @@ def test_time_factors_dropped_when_held_out_they_predict_worse():
     would make the 8B steps far too slow. Held out, they predict training step time no better than
     the raw formulas: the table drops them and says so. The decode steps were all bound by the host
     (22.8 ms per token for the 8B at batch 1 and at batch 8): the host's time per layer is fitted
-    from them, and kept, since held out it predicts the inference steps better."""
+    from them (0.6-1 ms); since the GEMM level became the measured matmul level (mfu.csv gemm rows,
+    2026-11-27) the raw prefill is faster and the raw inference steps are as good held out (20.1 %
+    against 21.5 %), so the decode factors are dropped too: a factor stays only where it helps."""
     first = [f for f in committed_files("h100-80gb") if f.name == "h100-first-contact-2026-11-27.csv"]
     data = load(first, "h100-80gb")
     assert len(data.frame) == 16
-    assert "mfu" in fit_all(data.frame, "h100-80gb").factors   # the plain fit has them
+    plain = fit_all(data.frame, "h100-80gb").factors
+    assert "mfu" in plain   # the plain fit has them
+    assert 0.0006 < plain["decode_host_s_per_layer"] < 0.001   # 17.7 ms / 24 layers, 22.8 / 32, ...
     fit, cv = fit_and_validate(data)
     assert "mfu" not in fit.factors and "decode_bandwidth_fraction" not in fit.factors
     assert any(n.startswith("time factors dropped (mfu)") for n in fit.notes)
-    assert 0.0006 < fit.factors["decode_host_s_per_layer"] < 0.001   # 17.7 ms / 24 layers, 22.8 / 32, ...
     inference = ~data.frame["training"].to_numpy(bool)
     measured = data.frame["m_step_s"].to_numpy(float)[inference]
     held = metrics(cv.oof["step_s"].to_numpy(float)[inference], measured)
     raw = metrics(cv.raw["step_s"].to_numpy(float)[inference], measured)
-    assert held["median_abs"] < raw["median_abs"]
+    kept = "decode_host_s_per_layer" in fit.factors
+    assert kept == (held["median_abs"] < raw["median_abs"])
+    assert kept or any("time factors dropped (decode_bandwidth_fraction, decode_host_s_per_layer)" in n
+                       for n in fit.notes)
     assert "activation_scale" in fit.factors    # the memory factors stay
 
 

@@ -215,12 +215,28 @@ def test_dtype_bytes():
 def test_mfu_defaults():
     table = tables._mfu_table()
     assert table and all(0 < m.mfu < 1 for m in table.values())
-    for method in tables.MFU_METHODS:
-        assert 0 < tables.mfu_default(method, "t4-16gb").mfu < 1   # every method has a '*' row
-    assert tables.mfu_default("full", "a100-80gb").gpu_slug == "a100-80gb"
+    for method in tables.GEMM_METHODS + ("gemm", "training", "decode-bandwidth"):
+        assert 0 < tables.mfu_default(method, "t4-16gb").mfu < 1   # every kind has a '*' row
+    # step time: every GEMM method takes the GPU's gemm row (MAMF: H100 SXM 794.5 of 989 TFLOPS)
+    for method in tables.GEMM_METHODS:
+        row = tables.mfu_default(method, "h100-80gb")
+        assert (row.method, row.gpu_slug, row.mfu) == ("gemm", "h100-80gb", 0.803)
     assert tables.mfu_default("full", "rtx3090-24gb").gpu_slug == "*"
+    # --chinchilla: the end-to-end MFU of published runs, a different quantity from the GEMM level
+    assert tables.mfu_default("training", "h100-80gb").mfu == 0.4
+    assert tables.mfu_default("training", "a100-80gb").mfu == 0.55
     with pytest.raises(InputError, match="methods"):
         tables.mfu_default("dpo", "a100-80gb")
+
+
+def test_a_method_row_overrides_the_gemm_row(tmp_path, monkeypatch):
+    f = tmp_path / "mfu.csv"
+    f.write_text("method,gpu_slug,mfu,source,date\ngemm,*,0.8,x,2026-01-02\nqlora,*,0.5,y,2026-01-02\n"
+                 "gemm,h100-80gb,0.7,z,2026-01-02\n")
+    monkeypatch.setattr(tables, "_mfu_table", lambda: tables._load_mfu(f))
+    assert tables.mfu_default("lora", "h100-80gb").mfu == 0.7     # the GPU's gemm row before any '*'
+    assert tables.mfu_default("qlora", "a100-80gb").mfu == 0.5    # the method's own row before gemm '*'
+    assert tables.mfu_default("full", "a100-80gb").mfu == 0.8
 
 
 def test_mfu_of_one_is_rejected(tmp_path):

@@ -88,7 +88,7 @@ def test_inference_throughput_includes_the_prefill(llama):
 def test_recompute_is_charged_once(llama):
     plain = estimate(Workload(llama, batch=2, seq=2048), "h100-80gb", "none")
     ckpt = estimate(Workload(llama, batch=2, seq=2048, grad_ckpt=True), "h100-80gb", "none")
-    peak, hfu, tokens = 989.4e12, 0.4, 2 * 2048   # mfu.csv full,h100-80gb: HFU
+    peak, hfu, tokens = 989.4e12, 0.803, 2 * 2048   # mfu.csv gemm,h100-80gb: MAMF 794.5 / 989
     slow = 1 + (peak * hfu / (H100_BW * 0.7)) / (4096 / 3)   # GEMM 4096 x 4096 x 4096: intensity 4096/3
     layers = LLAMA8B_PARAMS - 2 * 128256 * 4096 - 65 * 4096   # embedding, lm_head and the 65 norms out
     head = 128256 * 4096
@@ -123,7 +123,7 @@ def test_causal_attention_runs_half_the_scores_at_the_flash_fraction(llama):
     eager = estimate(Workload(llama, batch=1, seq=8192, attn="eager"), "a100-80gb", "none").time
     scores = 32 * 8192 * 8192 * 32                           # heads x s x s x layers
     assert eager.compute_parts["attention_s"] == pytest.approx(
-        fwd * 3 / (312e12 * 0.55) + scores * 26 * 3 / (A100_BW * 0.7))
+        fwd * 3 / (312e12 * 0.869) + scores * 26 * 3 / (A100_BW * 0.7))   # gemm,a100-80gb
 
 
 def test_padding_mask_makes_sdpa_compute_every_block(llama):
@@ -303,7 +303,7 @@ def test_the_time_development_set_scores_every_row_with_a_gpu_row():
 
 def test_bench_implied_hfu_gives_back_the_table_level_on_the_estimators_own_time(llama):
     """bench_time --rows: a row measuring exactly the estimate's time needs the HFU the estimate used
-    (mfu.csv: H100 full 0.40, A100 80GB 0.55 for prefill); a row faster than the non-GEMM parts
+    (mfu.csv gemm rows: H100 0.803, A100 80GB 0.869 for prefill); a row faster than the non-GEMM parts
     alone needs more than any GEMM can give (inf)."""
     import importlib.util
     from pathlib import Path
@@ -315,10 +315,10 @@ def test_bench_implied_hfu_gives_back_the_table_level_on_the_estimators_own_time
     w = Workload(llama, method="full", batch=1, seq=4096, grad_accum=2, grad_ckpt=True).validate()
     est = estimate(w, "h100-80gb", "none")
     row = {"metric": "step_s", "value": str(est.time.step_s), "gpu_slug": "h100-80gb"}
-    assert bench.implied_hfu(row, w, est) == pytest.approx(0.40)
+    assert bench.implied_hfu(row, w, est) == pytest.approx(0.803)
     row["value"] = str(est.time.optimizer_s + est.time.overhead_s)     # no time left for any kernel
     assert bench.implied_hfu(row, w, est) == float("inf")
     p = Workload(llama, method="inference", seq=2048, new_tokens=1).validate()
     pest = estimate(p, "a100-80gb", "none")
     prow = {"metric": "prefill_s", "value": str(pest.time.prefill_s), "gpu_slug": "a100-80gb"}
-    assert bench.implied_hfu(prow, p, pest) == pytest.approx(0.55)
+    assert bench.implied_hfu(prow, p, pest) == pytest.approx(0.869)
