@@ -21,6 +21,8 @@ value came from where. The factors and what each one means (units in brackets):
 - `decode_bandwidth_fraction`: achieved fraction of peak HBM bandwidth while decoding.
 - `decode_host_s_per_layer` [s]: host time per decoder layer of an eager decode step (the launch
   floor the GPU's work hides under), from the decode steps the host bound.
+- `training_host_s_per_op` [s]: host time per operator an eager training micro-batch dispatches
+  (estimator.ops counts; the launch floor of estimator.timing), from the training steps it bound.
 
 Next to the factors: `provenance` (measurement files with sha256, rows and dates, backends,
 versions with counts, models), `versions` (each library's versions seen), `range` (params,
@@ -77,6 +79,7 @@ _FACTORS = {
     "mfu": ("map", 0.01, 0.99),
     "decode_bandwidth_fraction": ("num", 0.05, 1.0),
     "decode_host_s_per_layer": ("num", 1e-5, 0.05),
+    "training_host_s_per_op": ("num", 1e-7, 1e-3),
 }
 DEVICE_INDEPENDENT = ("activation_scale", "inference_activation_scale", "logits_scale",
                       "optimizer_temporaries_scale")
@@ -255,6 +258,13 @@ class Calibration:
             return self._scalar("decode_host_s_per_layer", None, float)
         return float(time_constant("decode_host_s_per_layer_eager")), "default"
 
+    def training_host_s_per_op(self) -> tuple[float, str]:
+        """Host seconds per operator of an eager training micro-batch (the launch floor): a table's,
+        fitted from the training steps its host bound, else time_constants.csv's."""
+        if "training_host_s_per_op" in self.factors:
+            return self._scalar("training_host_s_per_op", None, float)
+        return float(time_constant("training_host_s_per_op")), "default"
+
     def upper_bound(self, quantity: str = "device_used_bytes") -> dict | None:
         """{"factor", "quantile", "coverage", "points"} for `quantity`, or None. Not offered when
         the table's device factors are not applied (another GPU's table)."""
@@ -388,7 +398,9 @@ def _uncalibrated_time(method: str, training: bool, gpu_slug: str) -> tuple:
 
 def _time_items(cal: Calibration, method: str, training: bool, gpu_slug: str, params_active) -> tuple:
     items = (("mfu", *cal.mfu(method, gpu_slug, params_active)),)
-    if not training:
+    if training:
+        items += (("training_host_s_per_op", *cal.training_host_s_per_op()),)
+    else:
         items += (("decode_bandwidth_fraction", *cal.decode_bandwidth_fraction(gpu_slug)),
                   ("decode_host_s_per_layer", *cal.decode_host_s_per_layer()))
     return items

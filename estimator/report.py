@@ -125,6 +125,9 @@ def _train_time_lines(t) -> list[str]:
     lines = [f"time  step {t.step_s:.3f} s = compute {t.compute_s:.3f} + exposed comm {t.exposed_comm_s:.3f}"
              f" + optimizer {t.optimizer_s:.3f} + overhead {t.overhead_s:.3f}   {t.tokens_per_s:,.0f} tokens/s"
              f"   MFU {t.mfu:.2f} (HFU {t.hfu:.2f})"]
+    if t.launch_bound:
+        lines.append(f"      launch-bound: the kernels are shorter than the host takes to dispatch them; compute is "
+                     f"the operators dispatched x host seconds each ({t.launch_floor_s:.3f} s per step, estimator/ops.py)")
     if t.comm_s:
         hidden = t.comm_s - t.exposed_comm_s
         why = ("communication-bound: the link needs longer than the compute it hides behind"

@@ -34,6 +34,10 @@ PRICE_COLUMNS = ("slug", "provider", "tier", "region", "multi_node", "usd_per_gp
 TIERS = ("community", "secure", "serverless", "cloud")
 MULTI_NODE = ("yes", "no", "unstated")
 MFU_COLUMNS = ("method", "gpu_slug", "mfu", "source", "date")
+OP_COUNT_COLUMNS = ("model_type", "method", "grad_ckpt", "phase", "per_layer", "outside", "lora_targets", "counted_on",
+                    "source", "date")
+OP_COUNT_METHODS = ("full", "lora", "inference", "lora-adapter", "autocast-linear")
+OP_COUNT_PHASES = ("forward", "backward", "prefill")
 DTYPE_COLUMNS = ("name", "bytes_per_element", "source", "date")
 
 SCOPES = ("intra-node", "inter-node")
@@ -327,6 +331,60 @@ def _load_mfu(path: Path) -> dict[tuple[str, str], MfuDefault]:
     return out
 
 
+@dataclass(frozen=True)
+class OpCount:
+    """Aten operators one micro-batch dispatches (scripts/count_ops.py): `per_layer` per decoder
+    layer and `outside` the layers (may be negative: a one-layer model is not exactly a layer plus
+    the rest, e.g. LoRA's first layer needs no input gradient)."""
+
+    model_type: str
+    method: str
+    grad_ckpt: bool
+    phase: str
+    per_layer: int
+    outside: int
+    lora_targets: str
+    counted_on: str
+    source: str
+    date: str
+    increment: float = 0.0   # the `*` rows: operators per adapted module / per autocast linear (may be fractional)
+
+
+def _signed_int(r: _Row, column: str) -> int:
+    raw = r.values[column].strip()
+    try:
+        return int(raw)
+    except ValueError:
+        raise r.fail(column, f"'{raw}' is not an integer") from None
+
+
+def _load_op_counts(path: Path) -> dict[tuple[str, str, bool, str], OpCount]:
+    out: dict[tuple[str, str, bool, str], OpCount] = {}
+    for r in _read(path, OP_COUNT_COLUMNS):
+        method, phase = r.choice("method", OP_COUNT_METHODS), r.choice("phase", OP_COUNT_PHASES)
+        ckpt = r.choice("grad_ckpt", ("0", "1")) == "1"
+        model_type = r.text("model_type")
+        if model_type == "*":   # an increment per adapted module or per linear: a positive number
+            increment, per_layer = r.number("per_layer"), 0
+        else:
+            increment, per_layer = 0.0, _signed_int(r, "per_layer")
+            if per_layer <= 0:
+                raise r.fail("per_layer", f"must be a positive count, got {per_layer}")
+        key = (model_type, method, ckpt, phase)
+        if key in out:
+            raise r.fail("model_type", f"duplicate row for {key}")
+        out[key] = OpCount(model_type, method, ckpt, phase, per_layer, _signed_int(r, "outside"),
+                           r.values["lora_targets"].strip(), r.text("counted_on"), *r.provenance(),
+                           increment=increment)
+    return out
+
+
+@lru_cache(maxsize=None)
+def op_counts() -> dict[tuple[str, str, bool, str], OpCount]:
+    """(model_type, method, grad_ckpt, phase) -> OpCount of estimator/data/op_counts.csv (cached)."""
+    return _load_op_counts(DATA_DIR / "op_counts.csv")
+
+
 def _load_dtypes(path: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for r in _read(path, DTYPE_COLUMNS):
@@ -485,4 +543,5 @@ def validate_all() -> None:
             raise InputError(f"{DATA_DIR / 'prices.csv'}: no on-demand price row for GPU '{slug}' of gpus.csv "
                              f"(nor a row with an empty price saying none is public)")
     _mfu_table()
+    op_counts()
     _dtype_table()

@@ -37,6 +37,7 @@ from estimator.defaults import time_constant
 from estimator.fp8 import converted_weights
 from estimator.flops import attention_flops_per_token, decode_flops_per_token, prefill_flops, training_flops
 from estimator.memory import MemoryBreakdown, kv_cache_bytes
+from estimator.ops import micro_batch_ops
 from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.states import local_sizes, lora_params, states_key, weights_bytes
@@ -66,6 +67,8 @@ class TimeBreakdown:
     decode_floor_s_per_token: float = 0.0  # launch/host floor of one decode step
     comm_bound: bool = False     # overlappable traffic longer than compute: the step waits on the link
     compute_parts: dict | None = None  # one micro-batch (or the prefill) by bound (estimator.compute_time)
+    launch_floor_s: float = 0.0  # training: operators dispatched x host seconds each, per step (estimator.ops)
+    launch_bound: bool = False   # the floor, not the roofline, sets compute_s
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,12 +204,15 @@ def optimizer_seconds(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown,
 
 
 def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreakdown,
-               inter_node: str, off: frozenset = frozenset()) -> TimeBreakdown:
-    """`off`: mechanisms left out (estimator.compute_time names, "hybrid", "offload"; the bench's ablation)."""
+               inter_node: str, off: frozenset = frozenset(), host_s_per_op: float | None = None) -> TimeBreakdown:
+    """`off`: mechanisms left out (estimator.compute_time names, "hybrid", "offload", "launch_floor";
+    the bench's ablation). `host_s_per_op`: a calibration's launch floor per operator (None: the
+    time_constants.csv default)."""
     flops = training_flops(w)
     peak = peak_flops(gpu, w)
     parts = compute_parts(w, gpu, hfu, off)
-    compute = w.grad_accum * parts.total_s
+    floor = 0.0 if "launch_floor" in off else launch_floor_seconds(w, host_s_per_op)
+    compute = w.grad_accum * max(parts.total_s, floor)
     comm = communication(w, gpu, inter_node, off)
     exposed = comm.exposed_s(compute)
     opt = optimizer_seconds(w, gpu, memory, off)
@@ -217,7 +223,19 @@ def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreak
     return TimeBreakdown(step, compute, comm.total_s, exposed, tokens * w.dp / step, tokens / (step * w.tp * w.pp),
                          model_flops / (step * peak), peak / TFLOPS, model_flops, optimizer_s=opt,
                          overhead_s=overhead, hfu=hfu, comm_bound=comm.overlappable_s > compute,
-                         compute_parts=parts.to_dict())
+                         compute_parts=parts.to_dict(), launch_floor_s=w.grad_accum * floor,
+                         launch_bound=floor > parts.total_s)
+
+
+def launch_floor_seconds(w: Workload, host_s_per_op: float | None = None) -> float:
+    """Host floor of one eager training micro-batch: the operators it dispatches (estimator.ops,
+    counted from the real code) x `training_host_s_per_op`. The GPU runs kernels as fast as the
+    host issues them, so a step whose kernels are shorter than their dispatch waits on the host.
+    torch.compile fuses the operators (its count is not modelled): no floor."""
+    if w.compiled:
+        return 0.0
+    per_op = time_constant("training_host_s_per_op") if host_s_per_op is None else host_s_per_op
+    return micro_batch_ops(w) * per_op
 
 
 def _slowdown(w: Workload) -> float:

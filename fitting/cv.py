@@ -34,7 +34,8 @@ from fitting.models import Fit, fit_all
 QUANTILE = 0.95
 # the factors that correct step time, by the steps that judge them: GEMM fractions on training steps,
 # the decode factors on inference steps (prefill + decode)
-TIME_GROUPS = ((("mfu",), True), (("decode_bandwidth_fraction", "decode_host_s_per_layer"), False))
+TIME_GROUPS = ((("mfu", "training_host_s_per_op"), True),
+               (("decode_bandwidth_fraction", "decode_host_s_per_layer"), False))
 
 
 def calibration_of(factors: dict, gpu: str, label: str = "<fit>") -> Calibration:

@@ -22,7 +22,8 @@ inference prefill and dequantized weight), `paged`; time inputs `hw_flops`
 `decode_bytes` (bytes read per generated token), `bandwidth` (bytes/s), `optimizer_s` and
 `overhead_s` (the step's parts outside compute), `decode_floor_s`, `decode_extra_s`, `decode_attention_s`,
 `decode_layers` (eager: the layers of the launch floor; 0 compiled), `decode_default_fraction` and
-`decode_slowdown` (estimator.timing.DecodeParts); versions.
+`decode_slowdown` (estimator.timing.DecodeParts), `launch_ops` (training: operators dispatched per
+step, estimator.ops; 0 compiled) and `default_hfu` (the uncalibrated GEMM fraction); versions.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.compute_time import hfu_terms
 from estimator.memory import working_sets
+from estimator.ops import micro_batch_ops
 from estimator.timing import decode_floor_seconds, decode_parts
 from estimator.params import count_params
 from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
@@ -246,9 +248,11 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
     # compute = work / (peak x HFU) + fixed (estimator.compute_time.hfu_terms): the fit inverts it
     work, fixed = hfu_terms(w, gpu)
     if w.training:
-        out.update(hw_flops=w.grad_accum * work, compute_fixed_s=w.grad_accum * fixed, prefill_flops=0.0)
+        out.update(hw_flops=w.grad_accum * work, compute_fixed_s=w.grad_accum * fixed, prefill_flops=0.0,
+                   launch_ops=0.0 if w.compiled else w.grad_accum * micro_batch_ops(w),
+                   default_hfu=float(est.corrections["mfu"]["value"]))
     else:
-        out.update(hw_flops=0.0, compute_fixed_s=fixed, prefill_flops=work)
+        out.update(hw_flops=0.0, compute_fixed_s=fixed, prefill_flops=work, launch_ops=0.0, default_hfu=1.0)
     if not w.training and w.new_tokens:
         d = decode_parts(w, gpu, m, w.seq + w.new_tokens // 2)
         out.update(decode_bytes=float(d.moved_bytes), decode_floor_s=d.floor_s, decode_extra_s=d.extra_s,

@@ -30,7 +30,10 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x (s per token / bitsandbytes
    slowdown - TP time - eager attention)), on the steps above the launch floor only;
    `decode_host_s_per_layer` = the median of s per token / layers over the eager steps that took
-   HOST_BOUND times their GPU work or more (bound by the host, which the bandwidth fit leaves out).
+   HOST_BOUND times their GPU work or more (bound by the host, which the bandwidth fit leaves out);
+   `training_host_s_per_op` = the median of compute / operators (estimator.ops) over the training
+   steps whose compute is within LAUNCH_MARGIN of the default launch floor (bound by the host's
+   dispatch; the HFU fit leaves them out).
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from estimator.calibration import TRACE_GPU, size_bucket
-from estimator.defaults import overhead
+from estimator.defaults import overhead, time_constant
 
 MIN_POINTS = 3          # a factor needs at least this many measurements that bind it
+LAUNCH_MARGIN = 1.1     # a training step whose compute is within this factor of its launch floor is launch-bound
 PRIOR_WEIGHT = 0.05     # pull towards the formula, in relative-error units per unit of factor
 F_SCALE = 0.02          # soft-L1 scale: residuals beyond ~2 % count linearly, not squared
 from estimator.units import GiB
@@ -297,8 +301,18 @@ HOST_BOUND = 1.5   # a decode step this many times its GPU work (default fractio
 def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     mfu, points = {}, {}
     train = frame[frame["training"] & frame["m_step_s"].notna()]
-    busy = (train["m_step_s"] - train["exposed_comm_s"] - train["optimizer_s"] - train["overhead_s"]
-            - train["compute_fixed_s"])
+    compute = train["m_step_s"] - train["exposed_comm_s"] - train["optimizer_s"] - train["overhead_s"]
+    # a step whose compute is no longer than its operators take the host to dispatch at the default
+    # rate (within LAUNCH_MARGIN) is bound by that dispatch (estimator.timing's launch floor): it
+    # sets the host's seconds per operator and says nothing of the GEMMs' fraction
+    floor = train["launch_ops"] * float(time_constant("training_host_s_per_op"))
+    launch = (compute <= LAUNCH_MARGIN * floor) & (train["launch_ops"] > 0) & (compute > 0)
+    if launch.sum() >= MIN_POINTS:
+        per_op = compute[launch] / train.loc[launch, "launch_ops"]
+        fit.factors["training_host_s_per_op"] = _r(float(np.median(per_op)))
+        fit.points["training_host_s_per_op"] = int(launch.sum())
+    train, compute = train[~launch], compute[~launch]
+    busy = compute - train["compute_fixed_s"]
     train, busy = train[busy > 0], busy[busy > 0]
     achieved = train["hw_flops"] / (train["peak_flops"] * busy)
     sizes = train["params_active"].map(size_bucket)

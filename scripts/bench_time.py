@@ -44,6 +44,7 @@ from estimator.api import DEFAULT_INTER_NODE, estimate  # noqa: E402
 from estimator.timing import inference_time, train_time  # noqa: E402
 from estimator.compute_time import hfu_terms  # noqa: E402
 from estimator.configs import load_spec  # noqa: E402
+from estimator.defaults import time_constant  # noqa: E402
 from estimator.flops import prefill_flops, training_flops  # noqa: E402
 from estimator.memory import kv_cache_bytes  # noqa: E402
 from estimator.params import count_params  # noqa: E402
@@ -292,6 +293,50 @@ def measured(gpu_slugs=None) -> dict:
     return out
 
 
+LAUNCH_BOUND = 0.5   # a row whose roofline compute is below this share of its measured compute
+
+
+def launch_evidence(gpu_slugs=None) -> dict:
+    """{gpu: {"per_op_s": [...], "rows": [...]}}: on the profiler's committed training rows whose
+    roofline compute (estimator.compute_time, uncalibrated) is below LAUNCH_BOUND of the measured
+    forward and backward (step_s - optimizer_s), the host seconds per dispatched operator they imply
+    (estimator.ops counts): the evidence behind `training_host_s_per_op`."""
+    from estimator.compute_time import compute_parts
+    from estimator.ops import micro_batch_ops
+    from fitting.data import workload_from_row
+    from profiler.record import measured_value
+
+    folder = Path(ROOT) / "calibrations" / "measurements"
+    out = {}
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        try:
+            gpu = tables.gpu(sub.name)
+        except Exception:  # noqa: BLE001 - a folder of imports or traces, not a GPU's
+            continue
+        if gpu_slugs and sub.name not in gpu_slugs:
+            continue
+        found = {"per_op_s": [], "rows": []}
+        for f in sorted(sub.glob("*.csv")):
+            with f.open(newline="") as fh:
+                for row in csv.DictReader(fh):
+                    step = measured_value(row.get("step_s", ""))
+                    if row.get("status") != "ok" or row.get("method") == "inference" or step is None:
+                        continue
+                    w = workload_from_row(row)
+                    if w.activation_offload or w.gpus > 1:   # host copies / communication, not launches
+                        continue
+                    est = estimate(w, gpu.slug, "none")
+                    fb = step - (measured_value(row.get("optimizer_s", "")) or 0.0)
+                    roof = w.grad_accum * compute_parts(w, gpu, est.time.hfu).total_s
+                    if roof < LAUNCH_BOUND * fb:
+                        per_op = fb / (w.grad_accum * micro_batch_ops(w))
+                        found["per_op_s"].append(per_op)
+                        found["rows"].append(f"{row['id']}: {fb * 1e3:.1f} ms / {w.grad_accum * micro_batch_ops(w):.0f} ops")
+        if found["per_op_s"]:
+            out[sub.name] = found
+    return out
+
+
 def render_measured(result: dict) -> str:
     lines = ["time against the profiler's own GPU measurements (calibrations/measurements/<gpu>/, uncalibrated)",
              f"{'gpu':<12} {'quantity':<34} {'n':>3}  {'median':>6} {'p90':>6} {'signed':>7} {'optim.':>7}"]
@@ -312,7 +357,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.measured:
         found = measured()
-        print(json.dumps(found, indent=2) if args.json else render_measured(found))
+        launch = launch_evidence()
+        if args.json:
+            print(json.dumps({"errors": found, "launch_bound_rows": launch}, indent=2))
+            return 0
+        print(render_measured(found))
+        for gpu, ev in launch.items():
+            values = sorted(ev["per_op_s"])
+            print(f"\n{gpu}: {len(values)} training rows launch-bound (roofline below {LAUNCH_BOUND:.0%} of the "
+                  f"measured forward + backward): host seconds per operator median {statistics.median(values) * 1e6:.1f} us "
+                  f"(range {values[0] * 1e6:.1f}-{values[-1] * 1e6:.1f}); time_constants.csv training_host_s_per_op "
+                  f"{time_constant('training_host_s_per_op') * 1e6:.1f} us")
+            if args.rows:
+                for line in ev["rows"]:
+                    print(f"  {line}")
         return 0
     with args.csv.open(newline="") as f:
         rows = list(csv.DictReader(f))
