@@ -304,7 +304,9 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     compute = train["m_step_s"] - train["exposed_comm_s"] - train["optimizer_s"] - train["overhead_s"]
     # a step whose compute is no longer than its operators take the host to dispatch at the default
     # rate (within LAUNCH_MARGIN) is bound by that dispatch (estimator.timing's launch floor): it
-    # sets the host's seconds per operator and says nothing of the GEMMs' fraction
+    # sets the host's seconds per operator and says nothing of the GEMMs' fraction. (The default
+    # rate itself was read off rows selected by their roofline instead, scripts/bench_time.py
+    # `launch_evidence`: a rule on the floor cannot select the rows the floor's rate comes from.)
     floor = train["launch_ops"] * float(time_constant("training_host_s_per_op"))
     launch = (compute <= LAUNCH_MARGIN * floor) & (train["launch_ops"] > 0) & (compute > 0)
     if launch.sum() >= MIN_POINTS:

@@ -12,8 +12,8 @@ one LoRA adapter (LoRA on q_proj only against all-linear, per adapted module) an
 
   .venv/bin/python scripts/count_ops.py [--only MODEL_TYPE ... ('*': the increments)] [--check]
 
---check recounts and exits 1 when a count differs from the committed file (tests run it on a few
-types).
+--check recounts and exits 1 when a count differs from the committed file (tests/test_ops.py runs it
+on GPT-2).
 """
 
 from __future__ import annotations

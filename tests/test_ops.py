@@ -113,3 +113,15 @@ def test_the_launch_floor_binds_small_models_and_not_large_ones(qwen):
     eager8 = estimate(replace(small, precision="fp8").validate(), "h100-80gb", "none").time
     compiled = estimate(replace(small, precision="fp8", compiled=True).validate(), "h100-80gb", "none").time
     assert eager8.launch_bound and compiled.launch_floor_s == 0.0 and not compiled.launch_bound
+
+
+def test_the_committed_counts_are_what_the_script_counts_today():
+    """scripts/count_ops.py --check recounts GPT-2 (the smallest catalog type) with the pinned
+    transformers and compares every row with estimator/data/op_counts.csv: a transformers upgrade
+    that changes the code changes the counts, and this fails until the table is rewritten."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "count_ops.py"), "--only", "gpt2", "--check"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
