@@ -6,7 +6,9 @@ included), so a checkpointed run pays its recompute once. Compute time of a micr
 of roofline terms of `estimator.compute_time` (GEMMs by size, attention, elementwise, LoRA
 adapters, dequantization). The `mfu` reported is model FLOPs (no recompute) / (step x peak).
 
-Training step = compute + exposed communication + optimizer step + fixed per-step overhead:
+Training step = compute + exposed communication + optimizer step + fixed per-step overhead, where
+compute = grad_accum x max(roofline of the micro-batch, its launch floor: operators dispatched
+(estimator.ops) x host seconds per operator; none under torch.compile):
 - communication per step (ring collectives, bytes each GPU sends over the slowest link it
   crosses, the inter-node link when nodes > 1): DDP all-reduces the gradients once per step
   (2(n-1)/n x G; no_sync under accumulation); ZeRO 1/2 reduce-scatter the gradients every

@@ -23,7 +23,7 @@ inference prefill and dequantized weight), `paged`; time inputs `hw_flops`
 `overhead_s` (the step's parts outside compute), `decode_floor_s`, `decode_extra_s`, `decode_attention_s`,
 `decode_layers` (eager: the layers of the launch floor; 0 compiled), `decode_default_fraction` and
 `decode_slowdown` (estimator.timing.DecodeParts), `launch_ops` (training: operators dispatched per
-step, estimator.ops; 0 compiled) and `default_hfu` (the uncalibrated GEMM fraction); versions.
+step, estimator.ops; 0 compiled); versions.
 """
 
 from __future__ import annotations
@@ -249,10 +249,9 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
     work, fixed = hfu_terms(w, gpu)
     if w.training:
         out.update(hw_flops=w.grad_accum * work, compute_fixed_s=w.grad_accum * fixed, prefill_flops=0.0,
-                   launch_ops=0.0 if w.compiled else w.grad_accum * micro_batch_ops(w),
-                   default_hfu=float(est.corrections["mfu"]["value"]))
+                   launch_ops=0.0 if w.compiled else w.grad_accum * micro_batch_ops(w))
     else:
-        out.update(hw_flops=0.0, compute_fixed_s=fixed, prefill_flops=work, launch_ops=0.0, default_hfu=1.0)
+        out.update(hw_flops=0.0, compute_fixed_s=fixed, prefill_flops=work, launch_ops=0.0)
     if not w.training and w.new_tokens:
         d = decode_parts(w, gpu, m, w.seq + w.new_tokens // 2)
         out.update(decode_bytes=float(d.moved_bytes), decode_floor_s=d.floor_s, decode_extra_s=d.extra_s,
