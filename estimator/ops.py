@@ -54,7 +54,6 @@ def micro_batch_ops(w: Workload) -> float:
         return layers * row.per_layer + row.outside / w.pp
     method = "full" if w.method == "full" else "lora"
     total = 0.0
-    linears = _adapters(spec, ("all-linear",)) or 0
     for phase in ("forward", "backward"):
         row = table[(mt, method, w.grad_ckpt, phase)]
         n = layers * row.per_layer + row.outside / w.pp
@@ -62,9 +61,10 @@ def micro_batch_ops(w: Workload) -> float:
             counted = _adapters(spec, tuple(row.lora_targets.split(",")))
             user = _adapters(spec, w.lora_targets)
             if counted is not None and user is not None:   # checkpointed: the recompute runs them again
-                per_adapter = table[("*", "lora-adapter", w.grad_ckpt, phase)].increment
+                per_adapter = table[("*", "lora-adapter", w.grad_ckpt, phase)].per_layer
                 n += (user - counted) * per_adapter / w.pp
         if w.amp:
-            n += linears * table[("*", "autocast-linear", w.grad_ckpt, phase)].increment / w.pp
+            linears = _adapters(spec, ("all-linear",)) or 0
+            n += linears * table[("*", "autocast-linear", w.grad_ckpt, phase)].per_layer / w.pp
         total += n
     return max(total, 0.0)

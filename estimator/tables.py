@@ -335,19 +335,19 @@ def _load_mfu(path: Path) -> dict[tuple[str, str], MfuDefault]:
 class OpCount:
     """Aten operators one micro-batch dispatches (scripts/count_ops.py): `per_layer` per decoder
     layer and `outside` the layers (may be negative: a one-layer model is not exactly a layer plus
-    the rest, e.g. LoRA's first layer needs no input gradient)."""
+    the rest, e.g. LoRA's first layer needs no input gradient). A `*` row is an increment:
+    `per_layer` operators per adapted module or per autocast linear (an average: may be fractional)."""
 
     model_type: str
     method: str
     grad_ckpt: bool
     phase: str
-    per_layer: int
+    per_layer: float
     outside: int
     lora_targets: str
     counted_on: str
     source: str
     date: str
-    increment: float = 0.0   # the `*` rows: operators per adapted module / per autocast linear (may be fractional)
 
 
 def _signed_int(r: _Row, column: str) -> int:
@@ -365,17 +365,16 @@ def _load_op_counts(path: Path) -> dict[tuple[str, str, bool, str], OpCount]:
         ckpt = r.choice("grad_ckpt", ("0", "1")) == "1"
         model_type = r.text("model_type")
         if model_type == "*":   # an increment per adapted module or per linear: a positive number
-            increment, per_layer = r.number("per_layer"), 0
+            per_layer = r.number("per_layer")
         else:
-            increment, per_layer = 0.0, _signed_int(r, "per_layer")
+            per_layer = _signed_int(r, "per_layer")
             if per_layer <= 0:
                 raise r.fail("per_layer", f"must be a positive count, got {per_layer}")
         key = (model_type, method, ckpt, phase)
         if key in out:
             raise r.fail("model_type", f"duplicate row for {key}")
         out[key] = OpCount(model_type, method, ckpt, phase, per_layer, _signed_int(r, "outside"),
-                           r.values["lora_targets"].strip(), r.text("counted_on"), *r.provenance(),
-                           increment=increment)
+                           r.values["lora_targets"].strip(), r.text("counted_on"), *r.provenance())
     return out
 
 

@@ -42,8 +42,7 @@ from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.compute_time import hfu_terms
 from estimator.memory import working_sets
-from estimator.ops import micro_batch_ops
-from estimator.timing import decode_floor_seconds, decode_parts
+from estimator.timing import decode_floor_seconds, decode_parts, launch_floor_seconds
 from estimator.params import count_params
 from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
 from estimator.quantities import QUANTITIES as _MEASURED
@@ -249,7 +248,7 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
     work, fixed = hfu_terms(w, gpu)
     if w.training:
         out.update(hw_flops=w.grad_accum * work, compute_fixed_s=w.grad_accum * fixed, prefill_flops=0.0,
-                   launch_ops=0.0 if w.compiled else w.grad_accum * micro_batch_ops(w))
+                   launch_ops=w.grad_accum * launch_floor_seconds(w, host_s_per_op=1.0))
     else:
         out.update(hw_flops=0.0, compute_fixed_s=fixed, prefill_flops=work, launch_ops=0.0)
     if not w.training and w.new_tokens:

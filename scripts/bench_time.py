@@ -265,14 +265,13 @@ MEASURED_QUANTITIES = (("step_s", "training step"), ("step_s", "inference step (
                        ("prefill_s", "prefill"), ("decode_token_s", "decode, per token"))
 
 
-def measured(gpu_slugs=None) -> dict:
-    """{gpu: {label: summary}} of the uncalibrated estimate against the profiler's committed rows."""
-    from profiler.compare import compare_rows, estimate_predictor
+def _gpu_rows(gpu_slugs=None):
+    """(GpuSpec, rows) of every GPU folder of calibrations/measurements/ (the profiler's own rows;
+    folders of imports or traces are not a GPU's), or only `gpu_slugs`'."""
     folder = Path(ROOT) / "calibrations" / "measurements"
-    out = {}
     for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
         try:
-            tables.gpu(sub.name)
+            gpu = tables.gpu(sub.name)
         except Exception:  # noqa: BLE001 - a folder of imports or traces, not a GPU's
             continue
         if gpu_slugs and sub.name not in gpu_slugs:
@@ -281,7 +280,15 @@ def measured(gpu_slugs=None) -> dict:
         for f in sorted(sub.glob("*.csv")):
             with f.open(newline="") as fh:
                 rows += list(csv.DictReader(fh))
-        points = compare_rows(rows, estimate_predictor(sub.name, "none"))
+        yield gpu, rows
+
+
+def measured(gpu_slugs=None) -> dict:
+    """{gpu: {label: summary}} of the uncalibrated estimate against the profiler's committed rows."""
+    from profiler.compare import compare_rows, estimate_predictor
+    out = {}
+    for gpu, rows in _gpu_rows(gpu_slugs):
+        points = compare_rows(rows, estimate_predictor(gpu.slug, "none"))
         training = {r["id"]: r.get("method") != "inference" for r in rows}
         found = {}
         for q, label in MEASURED_QUANTITIES:
@@ -290,7 +297,7 @@ def measured(gpu_slugs=None) -> dict:
             if errs:
                 found[label] = summary(errs)
         if found:
-            out[sub.name] = found
+            out[gpu.slug] = found
     return out
 
 
@@ -302,39 +309,28 @@ def launch_evidence(gpu_slugs=None) -> dict:
     roofline compute (estimator.compute_time, uncalibrated) is below LAUNCH_BOUND of the measured
     forward and backward (step_s - optimizer_s), the host seconds per dispatched operator they imply
     (estimator.ops counts): the evidence behind `training_host_s_per_op`."""
-    from estimator.compute_time import compute_parts
     from estimator.ops import micro_batch_ops
     from fitting.data import workload_from_row
     from profiler.record import measured_value
 
-    folder = Path(ROOT) / "calibrations" / "measurements"
     out = {}
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
-        try:
-            gpu = tables.gpu(sub.name)
-        except Exception:  # noqa: BLE001 - a folder of imports or traces, not a GPU's
-            continue
-        if gpu_slugs and sub.name not in gpu_slugs:
-            continue
+    for gpu, rows in _gpu_rows(gpu_slugs):
         found = {"per_op_s": [], "rows": []}
-        for f in sorted(sub.glob("*.csv")):
-            with f.open(newline="") as fh:
-                for row in csv.DictReader(fh):
-                    step = measured_value(row.get("step_s", ""))
-                    if row.get("status") != "ok" or row.get("method") == "inference" or step is None:
-                        continue
-                    w = workload_from_row(row)
-                    if w.activation_offload or w.gpus > 1:   # host copies / communication, not launches
-                        continue
-                    est = estimate(w, gpu.slug, "none")
-                    fb = step - (measured_value(row.get("optimizer_s", "")) or 0.0)
-                    roof = w.grad_accum * compute_parts(w, gpu, est.time.hfu).total_s
-                    if roof < LAUNCH_BOUND * fb:
-                        per_op = fb / (w.grad_accum * micro_batch_ops(w))
-                        found["per_op_s"].append(per_op)
-                        found["rows"].append(f"{row['id']}: {fb * 1e3:.1f} ms / {w.grad_accum * micro_batch_ops(w):.0f} ops")
+        for row in rows:
+            step = measured_value(row.get("step_s", ""))
+            if row.get("status") != "ok" or row.get("method") == "inference" or step is None:
+                continue
+            w = workload_from_row(row)
+            if w.activation_offload or w.gpus > 1:   # host copies / communication, not launches
+                continue
+            fb = step - (measured_value(row.get("optimizer_s", "")) or 0.0)
+            roof = w.grad_accum * sum(estimate(w, gpu.slug, "none").time.compute_parts.values())
+            if roof < LAUNCH_BOUND * fb:
+                ops = w.grad_accum * micro_batch_ops(w)
+                found["per_op_s"].append(fb / ops)
+                found["rows"].append(f"{row['id']}: {fb * 1e3:.1f} ms / {ops:.0f} ops")
         if found["per_op_s"]:
-            out[sub.name] = found
+            out[gpu.slug] = found
     return out
 
 
