@@ -643,7 +643,19 @@ def top_layer_backward_bytes_per_token(key: ActivationKey, kv_tokens: int) -> in
     gradients, or (later) the attention backward once the feed-forward block's tensors are freed."""
     layer = layer_bytes_per_token(key) + score_bytes_per_token(key, kv_tokens)
     attention = layer - mlp_bytes_per_token(key) + attention_backward_bytes_per_token(key, kv_tokens)
-    return max(attention, layer + moe_backward_bytes_per_token(key))
+    return max(attention, layer + moe_backward_bytes_per_token(key), layer + _liger_mlp_backward_bytes(key))
+
+
+def _liger_mlp_backward_bytes(key: ActivationKey) -> int:
+    """Liger's SwiGLU/GeGLU backward, beyond the layer's saved tensors, per token: the incoming
+    residual gradient and the down projection's input gradient (its kernels write the gate and up
+    gradients into the saved inputs in place: liger-kernel 0.8.5 ops/swiglu.py, ops/geglu.py).
+    0 without Liger, for MoE and ungated MLPs (the loss or the attention set that peak)."""
+    spec = key.model
+    if not key.liger or spec.is_moe or not spec.mlp_gated:
+        return 0
+    dt = dtypes(key)
+    return dt.residual * spec.hidden_size + dt.compute * spec.intermediate_size
 
 
 def _adapter_bytes(key: ActivationKey, dt: Dtypes) -> int:
@@ -725,10 +737,11 @@ def _logit_bytes(key: ActivationKey) -> int:
 def logits_saved_per_token(key: ActivationKey) -> int:
     """Kept for the backward: log_softmax's fp32 output (and Gemma-2's soft-capping tanh). Liger's
     fused linear cross-entropy computes the gradients in the forward, chunk by chunk, and keeps only
-    the gradient of its input (hidden width, compute dtype; liger_kernel
-    ops/fused_linear_cross_entropy.py `grad_input`)."""
+    the gradient of its input (hidden width, in the dtype of its input: the final norm's output, the
+    residual stream's dtype with Liger's RMSNorm; liger-kernel 0.8.5
+    ops/fused_linear_cross_entropy.py `grad_input = zeros_like(_input)`)."""
     if key.liger:
-        return dtypes(key).compute * key.model.hidden_size
+        return dtypes(key).residual * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     softcap = logit * vocab if key.model.logit_softcap else 0
     if key.loss == "model-dtype":   # log_softmax's output (fp32 under autocast)
@@ -739,9 +752,11 @@ def logits_saved_per_token(key: ActivationKey) -> int:
 def logits_forward_per_token(key: ActivationKey) -> int:
     """Peak of the loss in the forward: the logits, their fp32 upcast (none for fp32 logits) and
     log_softmax's output; with soft-capping the tanh output and the capped logits. Liger: its
-    input's gradient and the fp32 per-token loss (the logits chunk is a fixed size: memory.py)."""
+    input's gradient, the fp32 per-token loss, the mask of labelled tokens and the padded and
+    shifted int64 labels (liger-kernel 0.8.5 transformers/model/loss_utils.py `LigerForCausalLMLoss`;
+    the logits chunk is a fixed size: memory.py)."""
     if key.liger:
-        return dtypes(key).compute * key.model.hidden_size + 4
+        return dtypes(key).residual * key.model.hidden_size + 4 + 1 + 2 * 8
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     if key.loss == "model-dtype":   # logits, the shifted copy cross_entropy reads, log_softmax's output;
         # autocast runs log_softmax in fp32 (CUDA's fp32 list): an fp32 cast of the copy and an fp32 output
@@ -756,7 +771,7 @@ def logits_backward_per_token(key: ActivationKey) -> int:
     outgoing gradient, all fp32 (12 B x vocab), plus the soft-capping tanh output. Liger: the saved
     input gradient is the outgoing gradient (scaled in place)."""
     if key.liger:
-        return dtypes(key).compute * key.model.hidden_size
+        return logits_saved_per_token(key)
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     if key.loss == "model-dtype":   # log_softmax's output, its incoming and outgoing gradient (fp32
         # under autocast); the logits were freed with the output after the forward

@@ -271,7 +271,8 @@ def saved_activation_bytes(w: Workload) -> int:
     on_device, kept = _layers_on_device(w, sizes, per_layer)
     total_per_token = on_device * per_layer + kept + per_token.outside + per_token.logits_saved
     fixed = 0 if w.grad_ckpt else on_device * act.layer_fixed_bytes(_activation_key(w))
-    return int(total_per_token * _scale(w) + fixed + _weight_casts(w, params, sizes, saved=True))
+    liger = _liger_saved_head_grad(w, sizes, model_states(states_key(w)).trained)
+    return int(total_per_token * _scale(w) + fixed + _weight_casts(w, params, sizes, saved=True) + liger)
 
 
 def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -> float:
@@ -282,11 +283,14 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     until the forward ends, frozen ones (LoRA) are cast at each use, and the matmul saves the cast
     for its input gradient either way. On a quantized base (QLoRA) only the fp32 lm_head is cast.
     With checkpointing the layers' casts are not saved (`saved`: alive when the backward starts).
+    Liger's fused loss casts the lm_head per chunk and saves none of it (`_liger_loss_bytes`).
     """
     key = _activation_key(w)   # the precision after the stack's casts (FSDP, DeepSpeed: no autocast casts)
     if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
     head = _head_cast(w, sizes) / 2
+    if key.liger and saved:   # Liger's loss casts the lm_head inside its fused function and saves no cast
+        head = 0.0
     if w.quant != "none":
         return 2 * head
     layers = 2 * (sizes.linear_w - sizes.expert_w) / (w.dp if w.zero == 3 else 1)
@@ -331,7 +335,9 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
     # fp8: its casts are part of the working set only when their moment (the last) sets the peak
     fp8_alive = fp8_workspace(w) if (w.fp8 and w.training and moments[-1][0] >= total) else 0.0
     if w.grad_ckpt:
-        acts += per_token.layer * tokens           # the layer the backward recomputes
+        # the layer the backward recomputes, as far as the peak's moment holds it: a forward moment
+        # (Liger's loss beside the lm_head's autocast cast) has only the saved inputs
+        acts = min(acts + per_token.layer * tokens, max(acts, total - casts))
     offloaded = max(0.0, (sizes.layers - on_device) * per_layer - kept) if w.activation_offload else 0.0
     return _ForwardBackward(acts, casts, total, offloaded, fp8_alive)
 
@@ -415,22 +421,39 @@ def fp8_workspace(w: Workload) -> float:
 
 
 def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
-    """Liger's fused linear cross-entropy, beyond its per-token terms, at its forward peak (bytes):
-    one chunk of logits (computed and turned into their gradient in place) and that chunk's input
-    gradient; chunk = next power of 2 of tokens / ceil(vocab / hidden) (liger_kernel
-    ops/fused_linear_cross_entropy.py). A trained lm_head's gradient is made in the forward
-    (`zeros_like(weight)`), each chunk's product added through an fp32 cast unless it already is fp32."""
+    """Liger's fused linear cross-entropy at its forward peak, beyond its per-token terms and the
+    one lm_head cast autocast makes at a time (bytes; liger-kernel 0.8.5
+    ops/fused_linear_cross_entropy.py on CUDA, compute capability 8 and newer). The tokens go
+    through in chunks (tokens / ceil(vocab / hidden), rounded up to a power of 2); each chunk's
+    logits, in the compute dtype, become their own gradient in place: one buffer reused
+    (`mm(out=)`) when the input, the weight and the compute dtype agree; otherwise, under
+    autocast, the logits and the chunk's input gradient are half-precision products made per
+    chunk. A trained lm_head's gradient is made in the forward (`zeros_like(weight)`) and each
+    chunk is added into it in place (`addmm(out=)`); under autocast the trainable weight's half cast
+    stays cached beside each chunk's own cast of its transpose, and the chunk's input is cast to half
+    for the addmm."""
     key = _activation_key(w)
     if not key.liger:
         return 0.0
-    spec, compute = w.model, w.activation_dtype_bytes
+    spec, dt = w.model, act.dtypes(key)
     tokens = w.batch * w.seq
     chunk = min(tokens, 1 << max(0, math.ceil(math.log2(math.ceil(tokens / math.ceil(spec.vocab_size / spec.hidden_size))))))
-    working = chunk * (spec.vocab_size + spec.hidden_size) * compute / w.tp
+    working = chunk * spec.vocab_size * dt.compute / w.tp
+    if dt.autocast:
+        working += chunk * spec.hidden_size * dt.compute
     if w.method == "full":
         head = sizes.head if sizes.head else sizes.embed
-        working += head * trained.param_bytes + (0 if trained.param_bytes == 4 else head * (compute + 4))
+        working += head * trained.param_bytes
+        if dt.autocast:
+            working += head * dt.compute + chunk * spec.hidden_size * dt.compute
     return working
+
+
+def _liger_saved_head_grad(w: Workload, sizes: Sizes, trained: Training) -> float:
+    """Liger: a trained lm_head's gradient, made in the forward and saved for the backward (bytes)."""
+    if not (_activation_key(w).liger and w.method == "full"):
+        return 0.0
+    return _head_grad_bytes(sizes, trained)
 
 
 def _fsdp_unsharded_grads(w: Workload, trained: Training) -> float:
@@ -456,7 +479,7 @@ def _output_layer_backward(w: Workload, sizes: Sizes, trained: Training) -> floa
     act_bytes = w.activation_dtype_bytes
     head = sizes.head if sizes.head else sizes.embed
     if _activation_key(w).liger:   # no logits: the weight gradient was made in the forward
-        return head * trained.param_bytes
+        return head * trained.param_bytes + act.logits_backward_per_token(_activation_key(w)) * _scale(w)
     logits_grad = act_bytes * w.model.vocab_size * _scale(w)
     if w.fsdp != "none":
         return logits_grad     # the weight gradient is in FSDP's buffers (estimator.fsdp)

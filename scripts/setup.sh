@@ -6,5 +6,6 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q torch==2.13.0
+# triton (liger-kernel's dependency) pinned with it: the CPU torch names no triton, a CUDA torch its own
+.venv/bin/python -m pip install -q torch==2.13.0 triton==3.9.0
 .venv/bin/python -m pip install -q -e ".[test]"

@@ -18,6 +18,15 @@ undone when the context exits.
   softmax/log_softmax/sum/cumsum an fp32 result; CPU autocast has no such rule for them. Python
   kernels at the AutocastCPU key apply CUDA's policy (ATen autocast_mode.h, AT_FORALL_FP32 and
   AT_FORALL_FP32_SET_OPT_DTYPE).
+- Liger Kernel (when the step's model was patched by it, `_liger_kernels`): its Triton kernels
+  write into tensors that torch allocated around them, so a launch is skipped (on fake tensors
+  there is nothing to compute; Triton finds no GPU driver here anyway) and the allocations stay
+  exact. Its fused linear cross-entropy picks its path by asking the tensors' device: on CUDA it
+  writes each logits chunk into one reused buffer (`torch.mm(out=)`), and a trainable lm_head's
+  gradient is accumulated in place (`addmm(out=)`, compute capability 8 and newer) where the CPU
+  path allocates a weight-sized temporary per chunk. The tracer answers "cuda" to that module's
+  own device questions (its allocations stay fake cpu tensors), compute capability 9.0, and the
+  CUDA autocast state is the CPU one; its `.item()` (the count of labelled tokens, a scale) is 1.
 
 `kv_cache_tagging` is not an adjustment: it lets the tracker file the KV cache apart.
 """
@@ -25,6 +34,8 @@ undone when the context exits.
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
+
+import sys
 
 import torch
 
@@ -45,6 +56,8 @@ def tracing_patches():
         stack.enter_context(_unpacked_sequences())
         stack.enter_context(_cuda_dropout())
         stack.enter_context(_cuda_autocast_policy())
+        if "liger_kernel" in sys.modules:   # profiler.build applied it to this step's model
+            stack.enter_context(_liger_kernels())
         yield
 
 
@@ -178,3 +191,76 @@ def kv_cache_tagging():
 
     with _patched(cache_utils.Cache, "update", update):
         yield trackers
+
+
+# Liger's fused linear cross-entropy (liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py): the
+# module whose device questions get CUDA's answer, and the factories it calls with that device.
+_FLCE = "liger_kernel.ops.fused_linear_cross_entropy"
+_FACTORIES = ("empty", "empty_like", "full", "tensor", "zeros", "zeros_like")
+
+
+@contextmanager
+def _liger_kernels():
+    """Triton launches skipped; Liger's fused linear cross-entropy on its CUDA path (see the module
+    docstring)."""
+    import importlib
+
+    from triton.runtime import jit
+
+    flce = importlib.import_module(_FLCE)
+    with ExitStack() as stack:
+        stack.enter_context(_patched(jit.KernelInterface, "__getitem__", lambda self, grid: _no_launch))
+        forward = flce.fused_linear_cross_entropy_forward
+        stack.enter_context(_patched(flce, "fused_linear_cross_entropy_forward", _on_cuda(forward)))
+        backward = flce.fused_linear_cross_entropy_backward
+        stack.enter_context(_patched(flce, "fused_linear_cross_entropy_backward", _unit_scale(backward)))
+        yield
+
+
+def _no_launch(*args, **kwargs):
+    return None
+
+
+def _on_cuda(fn):
+    """`fn` run with CUDA's answers to its module's device questions."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    device = FakeTensor.device
+
+    def asked_from_liger(self):
+        d = device.fget(self)
+        if d.type == "cpu" and sys._getframe(1).f_globals.get("__name__") == _FLCE:
+            return torch.device("cuda")
+        return d
+
+    def on_cpu(factory):
+        def made(*args, **kwargs):
+            if "device" in kwargs and kwargs["device"] is not None and torch.device(kwargs["device"]).type == "cuda":
+                kwargs["device"] = "cpu"
+            return factory(*args, **kwargs)
+        return made
+
+    autocast_enabled, autocast_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+
+    def run(*args, **kwargs):
+        with ExitStack() as stack:
+            stack.enter_context(_patched(FakeTensor, "device", property(asked_from_liger)))
+            stack.enter_context(_patched(FakeTensor, "item", lambda self: 1.0 if self.is_floating_point() else 1))
+            stack.enter_context(_patched(torch.cuda, "get_device_capability", lambda device=None: (9, 0)))
+            stack.enter_context(_patched(torch, "is_autocast_enabled",
+                                         lambda device_type=None: autocast_enabled(device_type or "cpu")))
+            stack.enter_context(_patched(torch, "get_autocast_dtype",
+                                         lambda device_type: autocast_dtype("cpu" if device_type == "cuda" else device_type)))
+            for name in _FACTORIES:
+                stack.enter_context(_patched(torch, name, on_cpu(getattr(torch, name))))
+            return fn(*args, **kwargs)
+    return run
+
+
+def _unit_scale(fn):
+    """Liger's backward asks whether the loss gradient is 1 (`torch.equal`, data the fake tensors
+    do not have); either answer scales in place, allocating nothing."""
+    def run(*args, **kwargs):
+        with _patched(torch, "equal", lambda a, b: True):
+            return fn(*args, **kwargs)
+    return run
