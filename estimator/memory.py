@@ -509,11 +509,13 @@ def _end_of_backward(w: Workload, sizes: Sizes, trained: Training) -> float:
     the lm_head's arrives as a view (the linear's TBackward) and the embedding's from
     embedding_dense_backward, neither of which autograd's InputBuffer may take, so it sums them out
     of place into a third tensor (profiler/trace/tracker.py; measured on the first H100 run); under
-    autocast the lm_head's arrives from the weight cast's backward, a fresh tensor summed in place.
+    autocast the lm_head's arrives from the weight cast's backward, a fresh tensor summed in place;
+    Liger's is the gradient its fused loss saved, summed out of place either way.
     With accumulation, the earlier micro-batches' gradient beside them."""
     if w.method != "full" or w.zero or w.fsdp != "none":
         return 0.0
-    tied = (1 if w.amp else 2) if w.model.tied_embeddings else 0
+    in_place = w.amp and not _activation_key(w).liger
+    tied = (1 if in_place else 2) if w.model.tied_embeddings else 0
     copies = tied + int(w.grad_accum > 1)
     return copies * sizes.embed * trained.param_bytes
 

@@ -154,7 +154,7 @@ def test_zero3_lora_gathers_the_frozen_largest_layer_without_a_gradient():
     assert model_states(states_key(lora)).zero_buffers == buckets + 2 * largest   # bf16 params only
 
 
-# ---- Liger Kernel (linkedin/Liger-Kernel ead96b6, read in its code; not installed here) ---------
+# ---- Liger Kernel (liger-kernel 0.8.5: read in its code, and traced on CPU) ---------------------
 
 def _layer_and_loss(**settings) -> tuple[int, int]:
     from estimator import activations as act
@@ -191,6 +191,46 @@ def test_liger_removes_the_logits_from_the_peak():
     plain, liger = estimate_memory(w, 0.0, 0), estimate_memory(w.with_(liger=True), 0.0, 0)
     # the fp32 B x T x vocab loss tensors (12 B x 128256 per token at their backward peak) are gone
     assert plain.peak_allocated_bytes - liger.peak_allocated_bytes > 0.9 * 12 * 128256 * 4 * 4096
+
+
+@pytest.mark.parametrize("settings", [
+    dict(method="full", batch=2, seq=1024),                                  # head gradient in place
+    dict(method="full", precision="amp-bf16", batch=1, seq=512),             # autocast casts of the head
+    dict(method="qlora", quant="nf4", batch=2, seq=1024, grad_ckpt=True),    # frozen fp32 head, kbit prep
+])
+def test_liger_estimate_matches_the_trace_of_the_real_kernels(settings):
+    """The tracer runs liger-kernel's own code (its Triton launches skipped, its fused loss on its
+    CUDA path); the estimate lands within 1% of it, peak and saved activations. The CPU path of the
+    fused loss would allocate a weight-sized product and its fp32 cast per chunk for a trained head
+    (1.5 GiB here): a tracer that took it would fail the full fine-tunes by far more than 1%."""
+    from estimator.configs import load_config
+    from estimator.memory import estimate_memory, saved_activation_bytes
+    from estimator.model import spec_from_config
+    from profiler.trace.step import trace
+
+    cfg = dict(load_config("meta-llama/Llama-3.2-1B")[0], num_hidden_layers=2)
+    w = Workload(spec_from_config(cfg, "llama-3.2-1b-2-layers"), liger=True, **settings).validate()
+    traced = trace(w, cfg, layers=2)
+    est = estimate_memory(w, 0.0, 0)
+    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= 0.01 * traced.peak_allocated_bytes
+    saved = saved_activation_bytes(w)
+    assert abs(saved - traced.saved_activations_bytes) <= 0.01 * traced.saved_activations_bytes
+
+
+def test_liger_tracing_patches_are_undone():
+    import triton.runtime.jit as jit
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    import liger_kernel.ops.fused_linear_cross_entropy as flce
+    from profiler.trace.patches import tracing_patches
+
+    before = (jit.KernelInterface.__getitem__, FakeTensor.device, FakeTensor.item, flce.fused_linear_cross_entropy_forward,
+              flce.fused_linear_cross_entropy_backward, torch.zeros_like, torch.equal)
+    with tracing_patches():
+        assert flce.fused_linear_cross_entropy_forward is not before[3]
+    after = (jit.KernelInterface.__getitem__, FakeTensor.device, FakeTensor.item, flce.fused_linear_cross_entropy_forward,
+             flce.fused_linear_cross_entropy_backward, torch.zeros_like, torch.equal)
+    assert after == before
 
 
 # ---- activation offloading, pipeline-parallel KV cache -------------------------------------------

@@ -151,9 +151,34 @@ def _fp8() -> list[Case]:
     return cases
 
 
+def _liger() -> list[Case]:
+    """Liger Kernel (`--liger`, liger-kernel 0.8.5 as the HF Trainer applies it, issue 13): LoRA,
+    full fine-tunes and QLoRA with and without kbit preparation, checkpointing on and off, bf16 and
+    AMP, Llama, Qwen2 and Gemma-2 (soft-capped logits); its Triton kernels skipped, its fused loss
+    on its CUDA path (profiler/trace/patches.py)."""
+    cases = []
+    for model, settings in (
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=1, seq=512)),
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", precision="amp-bf16", batch=2, seq=1024)),
+            ("meta-llama/Llama-3.2-1B", dict(method="full", batch=2, seq=1024)),
+            ("meta-llama/Llama-3.2-1B", dict(method="full", batch=1, seq=512, grad_ckpt=True)),
+            ("meta-llama/Llama-3.2-1B", dict(method="full", batch=4, seq=2048, grad_ckpt=True)),
+            ("meta-llama/Llama-3.2-1B", dict(method="qlora", quant="nf4", batch=2, seq=1024, grad_ckpt=True)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", batch=4, seq=2048, grad_ckpt=True)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", lora_targets="all-linear", batch=2, seq=1024,
+                                                grad_ckpt=True)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="full", precision="amp-bf16", batch=2, seq=1024)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="qlora", quant="nf4", kbit_prep="off", batch=2, seq=1024)),
+            ("google/gemma-2-2b", dict(method="lora", batch=1, seq=512, attn="eager")),
+            ("google/gemma-2-2b", dict(method="full", batch=1, seq=512, attn="eager", grad_ckpt=True))):
+        cases.append(Case(model, dict(liger=True, **settings), warmup=1, steps=1))
+    return cases
+
+
 def grid() -> list[Case]:
-    """Every configuration of the grid (training, QLoRA, inference, the stacks' regimes, DoRA, fp8)."""
-    return _training() + _qlora() + _inference() + _stacks() + _dora() + _fp8()
+    """Every configuration of the grid (training, QLoRA, inference, the stacks' regimes, DoRA, fp8,
+    Liger)."""
+    return _training() + _qlora() + _inference() + _stacks() + _dora() + _fp8() + _liger()
 
 
 # The subset the test suite checks: every family, every method, both kernels, both precisions,
@@ -213,6 +238,8 @@ def describe(case: Case) -> str:
         parts.append("offload")
     if s.get("dora"):
         parts.append("dora")
+    if s.get("liger"):
+        parts.append("liger")
     if s.get("lora_targets"):
         targets = case.workload().lora_targets
         parts.append("targets " + ("all-linear" if is_all_linear(targets) else ",".join(targets)))

@@ -208,6 +208,12 @@ def _liger_kernels():
     from triton.runtime import jit
 
     flce = importlib.import_module(_FLCE)
+    # Liger imports each op's backends at its first call and logs the ones that fail with their
+    # exception, whose traceback holds the calling frames: a log handler that keeps records (pytest's)
+    # would keep the step's tensors alive. Import them here, outside the step.
+    registry = importlib.import_module("liger_kernel.backends.registry")
+    for op in tuple(getattr(registry, "_DISCOVERY_MAP", {})):
+        registry.list_registered(op)
     with ExitStack() as stack:
         stack.enter_context(_patched(jit.KernelInterface, "__getitem__", lambda self, grid: _no_launch))
         forward = flce.fused_linear_cross_entropy_forward
