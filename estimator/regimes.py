@@ -29,8 +29,15 @@ from functools import lru_cache
 
 from estimator.workload import Workload
 
-# model_types Liger Kernel patches (linkedin/Liger-Kernel ead96b6 src/liger_kernel/transformers/monkey_patch.py
-# MODEL_TYPE_TO_APPLY_LIGER_FN), among the architectures the catalog holds
+# model_types liger-kernel 0.8.5 patches (src/liger_kernel/transformers/monkey_patch.py
+# MODEL_TYPE_TO_APPLY_LIGER_FN), among the architectures the estimator reads: what the HF Trainer
+# does with use_liger_kernel=True, and so what the profiler builds
+LIGER_PATCHED_TYPES = frozenset({
+    "deepseek_v2", "deepseek_v3", "exaone4", "gemma", "gemma2", "gemma3_text", "glm4", "gpt_oss", "granite",
+    "llama", "llama4_text", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen2_5_vl", "qwen3", "qwen3_moe",
+    "qwen3_next", "qwen3_vl", "smollm3"})
+# of those, the ones whose kernels the estimator models (read in Liger's code; Llama, Qwen2 and
+# Gemma-2 traced with the real kernels: profiler/trace/grid.py `_liger`)
 LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
                                "gemma3_text", "phi3"})
 
@@ -93,9 +100,12 @@ def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_
             accumulating: bool = False) -> Regime:
     notes: list[str] = []
     liger = liger_setting and model_type in LIGER_MODEL_TYPES
-    if liger_setting and not liger:
+    if liger_setting and model_type not in LIGER_PATCHED_TYPES:
         notes.append(f"Liger Kernel has no kernels for model_type {model_type}: --liger changes nothing "
                      "(use_liger_kernel leaves the model as it is)")
+    elif liger_setting and not liger:
+        notes.append(f"Liger Kernel patches model_type {model_type}, but the estimator does not model its kernels "
+                     "there: the memory shown is the model's without them")
     training = method != "inference"
     compute = precision.removeprefix("amp-")
     half = 2 if compute in ("bf16", "fp16") else 4

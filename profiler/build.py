@@ -25,7 +25,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from estimator.lora_targets import is_all_linear, is_pattern
-from estimator.regimes import regime
+from estimator.regimes import LIGER_PATCHED_TYPES, regime
 from estimator.workload import BNB_QUANTS, Workload
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -72,11 +72,54 @@ def required_packages(w: Workload) -> list[str]:
         need.append("deepspeed")
     if w.attn == "flash":
         need.append("flash_attn")
-    if regime(w).liger:
+    if _liger_patches(w):
         need.append("liger_kernel")
     if w.fp8:
         need.append("torchao")
     return need
+
+
+def _liger_patches(w: Workload) -> bool:
+    """Liger Kernel patches this model (--liger on a model_type liger-kernel 0.8.5 has kernels for),
+    whether or not the estimator models them there (estimator.regimes)."""
+    return w.liger and w.model.model_type in LIGER_PATCHED_TYPES
+
+
+_LIGER_UNDO: list = []   # how to put back what Liger rebound, most recent last
+
+
+def _apply_liger(model) -> None:
+    """Liger's kernels on `model`, as the HF Trainer applies them. Beyond the instance, liger-kernel
+    0.8.5 rebinds names in transformers' modeling module for every later model of the process
+    (monkey_patch.py: `apply_rotary_pos_emb`, the RMSNorm and MLP classes, `cross_entropy` with
+    cross_entropy=True); `undo_liger_patches` puts them back."""
+    import sys
+
+    import torch.nn.functional as F
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    modules = [(m, dict(vars(m))) for name, m in list(sys.modules.items())
+               if name.startswith("transformers.models.") and m is not None]
+    cross_entropy = F.cross_entropy
+
+    def undo() -> None:
+        for module, before in modules:
+            names = vars(module)
+            for name in [n for n in names if n not in before]:
+                del names[name]
+            names.update(before)
+        F.cross_entropy = cross_entropy
+
+    _LIGER_UNDO.append(undo)
+    _apply_liger_kernel_to_instance(model=model)
+
+
+def undo_liger_patches() -> None:
+    """Put back the names Liger rebound in transformers' modules (`_apply_liger`), once the patched
+    model's step is done, so that a later model of the same process (the tracer's) is built as
+    transformers has it. A process that builds one model (the profiler's) needs none of this."""
+    while _LIGER_UNDO:
+        _LIGER_UNDO.pop()()
 
 
 def check_packages(w: Workload) -> None:
@@ -161,10 +204,8 @@ def build_model(cfg: dict, w: Workload, device: str):
         model = auto.from_config(config, dtype=weight_dtype(w), attn_implementation=_ATTN[w.attn])
     if quantized:
         _build_quantized(model, w, device)
-    if regime(w).liger:   # what the HF Trainer does with use_liger_kernel=True
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
-
-        _apply_liger_kernel_to_instance(model=model)
+    if _liger_patches(w):   # what the HF Trainer does with use_liger_kernel=True
+        _apply_liger(model)
     if w.fp8:
         _convert_to_float8(model)
     if w.grad_ckpt and w.training:

@@ -332,3 +332,19 @@ def test_model_dtype_loss_refusals(extra, message):
     proc = subprocess.run([sys.executable, "scripts/estimate.py", "--model", "llama-3.2-1b", "--loss", "model-dtype",
                            *extra], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
     assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_liger_trace_leaves_transformers_as_it_was():
+    """liger-kernel rebinds names in transformers' modeling module (rope, RMSNorm and MLP classes);
+    after a traced Liger step a later model of the same process is built without Liger's kernels."""
+    from transformers.models.llama import modeling_llama
+
+    from estimator.configs import load_config
+    from estimator.model import spec_from_config
+    from profiler.trace.step import trace
+
+    before = (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP)
+    cfg = dict(load_config("meta-llama/Llama-3.2-1B")[0], num_hidden_layers=1)
+    w = Workload(spec_from_config(cfg, "llama-1-layer"), method="lora", liger=True, batch=1, seq=64).validate()
+    trace(w, cfg, layers=1)
+    assert (modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaRMSNorm, modeling_llama.LlamaMLP) == before

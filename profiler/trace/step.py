@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from estimator.files import utc_now
 from estimator.versions import library_versions
 from estimator.workload import Workload
-from profiler.build import build_model, make_batch, make_optimizer
+from profiler.build import build_model, make_batch, make_optimizer, undo_liger_patches
 from profiler.env import cpu_name
 from profiler.record import check_row, new_row
 from profiler.steps import inference_step, train_step
@@ -188,14 +188,21 @@ def _trace_once(cfg: dict, w: Workload, reserved: bool = False) -> _Measure:
     """Build the model with `cfg` (already reduced), run the step on fake cpu tensors, count.
     Two steps when the allocator's layout matters (`reserved`, activation offloading: TRL keys
     saved tensors by address), the first with the optimizer states made inside it."""
+    layers = _layer_count(cfg)
+    try:
+        return _trace_built(build_model(cfg, _buildable(w), "meta"), cfg, w, layers, reserved)
+    finally:
+        undo_liger_patches()
+
+
+def _trace_built(model, cfg: dict, w: Workload, layers: int, reserved: bool) -> _Measure:
+    """`_trace_once` on the model built."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from profiler.offload import fake_addresses
     from profiler.trace.patches import kv_cache_tagging, tracing_patches
     from profiler.trace.tracker import LiveBytes
 
-    layers = _layer_count(cfg)
-    model = build_model(cfg, _buildable(w), "meta")
     with FakeTensorMode(allow_non_fake_inputs=True), tracing_patches(), kv_cache_tagging() as tag:
         _materialize(model, "cpu")
         optimizer = make_optimizer(model, w)
