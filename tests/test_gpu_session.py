@@ -24,5 +24,5 @@ def test_pydantic_and_its_exact_core_are_pinned_together():
 
 def test_the_fetched_libraries_match_the_project_pins():
     text = (SCRIPT.parents[1] / "pyproject.toml").read_text()
-    for name in ("bitsandbytes", "deepspeed", "torchao", "transformers", "peft"):
+    for name in ("bitsandbytes", "deepspeed", "torchao", "transformers", "peft", "liger-kernel"):
         assert f'"{name}=={_pins()[name]}"' in text
