@@ -52,6 +52,10 @@ _PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
+# the values a view of the fused qkv output while the rotary makes new queries and keys: what
+# attention saves of the values keeps the whole qkv output (transformers 5.23 Phi3Attention slices
+# it, GPTNeoXAttention chunks it; Falcon's multi-query split copies its keys and values)
+_QKV_VIEW_VALUES = ("phi3",)
 # rotary embeddings computed in fp32 (OLMo: fp32 cos/sin tables; Cohere, Cohere2: q.float(), k.float()),
 # with the number of q-sized fp32 tensors alive at once in the prefill
 _FP32_ROTARY = {"olmo": 3, "cohere": 4, "cohere2": 4}
@@ -284,6 +288,8 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
         total = core + 2 * compute * q_dim + _input_bytes(key, dt, ("o_proj",), compute) * q_dim
     else:
         total = core + _input_bytes(key, dt, ("o_proj",), compute, saved=not copy) * q_dim
+    if spec.model_type in _QKV_VIEW_VALUES:
+        total += dt.linear_out * (q_dim + kv_dim)     # the qkv output's query and key parts
     if spec.qkv_clip:
         # OlmoAttention clamps q, k and v in place (clamp_): autograd keeps a copy of each as it was
         total += dt.linear_out * (q_dim + 2 * kv_dim)
@@ -301,6 +307,11 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
         # in fp32, an fp32 rsqrt per head row, the fp32 normalized heads when the weight trains)
         total += 8 * (q_dim + kv_dim) + 4 * (spec.num_heads + spec.num_kv_heads) \
             + (4 * (q_dim + kv_dim) if key.method == "full" else 0)
+    elif spec.qk_norm and key.liger:
+        # Liger patches the q/k RMSNorms too (liger-kernel 0.8.5 monkey_patch.py, Qwen3, Gemma-3): each
+        # saves its input as it comes and an fp32 rstd per row
+        heads = 1 + 1 if spec.qk_norm_full else spec.num_heads + spec.num_kv_heads
+        total += dt.linear_out * (q_dim + kv_dim) + 4 * heads
     elif spec.qk_norm:
         heads = 1 + 1 if spec.qk_norm_full else spec.num_heads + spec.num_kv_heads  # rsqrt rows
         normed = 4 if spec.model_type in _FP32_NORM_WEIGHT else dt.residual

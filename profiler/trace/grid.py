@@ -91,7 +91,9 @@ def _stacks() -> list[Case]:
             ("openai-community/gpt2-medium", dict(lora_targets="all-linear", grad_ckpt=True)),
             ("microsoft/phi-2", dict(lora_targets="all-linear")),
             ("meta-llama/Llama-3.2-1B", dict(lora_targets=r".*\.(q|v)_proj", batch=2, seq=1024)),
-            ("meta-llama/Llama-3.2-1B", dict(lora_targets="q_proj,v_proj,lm_head", batch=4, seq=2048))):
+            ("meta-llama/Llama-3.2-1B", dict(lora_targets="q_proj,v_proj,lm_head", batch=4, seq=2048)),
+            # Phi-3's fused qkv_proj: the values, a view of its output, keep the whole output saved
+            ("microsoft/Phi-3-mini-4k-instruct", dict(lora_targets="qkv_proj,o_proj", batch=2, seq=1024))):
         cases.append(Case(model, dict(method="lora", **settings), warmup=1, steps=1))
     # a training loop's own cross_entropy on the model's logits (--loss model-dtype)
     for model, settings in (
@@ -170,7 +172,10 @@ def _liger() -> list[Case]:
             ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="full", precision="amp-bf16", batch=2, seq=1024)),
             ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="qlora", quant="nf4", kbit_prep="off", batch=2, seq=1024)),
             ("google/gemma-2-2b", dict(method="lora", batch=1, seq=512, attn="eager")),
-            ("google/gemma-2-2b", dict(method="full", batch=1, seq=512, attn="eager", grad_ckpt=True))):
+            ("google/gemma-2-2b", dict(method="full", batch=1, seq=512, attn="eager", grad_ckpt=True)),
+            ("Qwen/Qwen3-0.6B", dict(method="lora", batch=2, seq=1024)),            # its q/k norms too
+            ("microsoft/Phi-3-mini-4k-instruct", dict(method="lora", lora_targets="qkv_proj,o_proj", batch=2,
+                                                      seq=1024))):
         cases.append(Case(model, dict(liger=True, **settings), warmup=1, steps=1))
     return cases
 
