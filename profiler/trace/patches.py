@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 
+import logging
 import sys
 
 import torch
@@ -211,9 +212,16 @@ def _liger_kernels():
     # Liger imports each op's backends at its first call and logs the ones that fail with their
     # exception, whose traceback holds the calling frames: a log handler that keeps records (pytest's)
     # would keep the step's tensors alive. Import them here, outside the step.
+    # (the CuTe DSL, cuTile and Ascend backends fail here, as expected without those packages: quietly)
     registry = importlib.import_module("liger_kernel.backends.registry")
-    for op in tuple(getattr(registry, "_DISCOVERY_MAP", {})):
-        registry.list_registered(op)
+    log = logging.getLogger(registry.__name__)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        for op in tuple(getattr(registry, "_DISCOVERY_MAP", {})):
+            registry.list_registered(op)
+    finally:
+        log.setLevel(level)
     with ExitStack() as stack:
         stack.enter_context(_patched(jit.KernelInterface, "__getitem__", lambda self, grid: _no_launch))
         forward = flce.fused_linear_cross_entropy_forward
