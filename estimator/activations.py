@@ -389,7 +389,8 @@ def _sliding_mask_bytes(key: ActivationKey, kv_tokens: int) -> int:
     it), or on every attention layer of a padded batch (`padding_mask`: a zero in attention_mask): the
     4-D mask goes to the kernel, CUDA's memory-efficient kernel saves it converted to the compute dtype
     (one row of kv_tokens per query, made per layer), and transformers repeats k and v to every head
-    (`use_gqa_in_sdpa` needs no mask). Averaged over the layers, as the layer formulas."""
+    (`use_gqa_in_sdpa` needs no mask; a copy unless there is one kv head). Averaged over the layers,
+    as the layer formulas."""
     spec = key.model
     per_layer, layers = _sdpa_mask_layer_bytes(key, kv_tokens)
     return round(per_layer * layers / spec.num_layers)
@@ -407,7 +408,9 @@ def _sdpa_mask_layer_bytes(key: ActivationKey, kv_tokens: int) -> tuple[int, int
     else:
         layers = spec.window_layers[1]
     compute = dtypes(key).compute
-    return compute * kv_tokens + 2 * compute * (spec.q_dim - spec.kv_dim), layers
+    # repeat_kv expands then reshapes: with one kv head the reshape is a view of the keys and values
+    repeated = 0 if spec.num_kv_heads == 1 else 2 * compute * (spec.q_dim - spec.kv_dim)
+    return compute * kv_tokens + repeated, layers
 
 
 def _activation_saves(spec: ModelSpec, dt: Dtypes) -> tuple[int, int, bool]:
