@@ -48,7 +48,9 @@ from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
 # q made contiguous per head by torch.cat (partial rotary: Phi, GPT-NeoX, StableLM, GLM-4, GLM-4.5)
-_PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe")
+# rotary through `cat` (q and k come out contiguous per head, and so does SDPA's output): Phi-3's
+# apply_rotary_pos_emb has the partial form even with the whole head rotated (transformers 5.23)
+_PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe", "phi3")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
