@@ -57,7 +57,7 @@ _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # o
 # the values a view of the fused qkv output while the rotary makes new queries and keys: what
 # attention saves of the values keeps the whole qkv output (transformers 5.23 Phi3Attention slices
 # it, GPTNeoXAttention chunks it; Falcon's multi-query split copies its keys and values)
-_QKV_VIEW_VALUES = ("phi3",)
+_QKV_VIEW_VALUES = ("gpt_neox", "phi3")
 # rotary embeddings computed in fp32 (OLMo: fp32 cos/sin tables; Cohere, Cohere2: q.float(), k.float()),
 # with the number of q-sized fp32 tensors alive at once in the prefill
 _FP32_ROTARY = {"olmo": 3, "cohere": 4, "cohere2": 4}
@@ -545,6 +545,9 @@ def layer_bytes_per_token(key: ActivationKey) -> int:
     dt, hidden = dtypes(key), spec.hidden_size
     trains = key.method == "full"
     total = spec.norms_per_layer * norm_bytes(key, trains)
+    if spec.parallel_block and spec.norms_per_layer > 1 and spec.norm == "layer":
+        # two LayerNorms over the same input (GPT-NeoX's parallel residual): one saved input
+        total -= (spec.norms_per_layer - 1) * dt.residual * hidden
     attn_roles, mlp_roles = _attention_input_roles(spec), ("gate_proj", "up_proj")
     if spec.parallel_block and spec.norms_per_layer == 1:     # one norm feeds attention and MLP
         total += _input_bytes(key, dt, attn_roles + mlp_roles, dt.residual) * hidden
@@ -710,19 +713,22 @@ def outside_layers_bytes_per_token(key: ActivationKey) -> int:
 
 def _first_layer_discount(key: ActivationKey) -> int:
     """With a frozen embedding (LoRA, QLoRA) the first layer's input needs no gradient: its first
-    norm saves nothing, nor (parallel block, one norm) its whole MLP branch. Checkpointing keeps the
+    norm saves nothing, nor (parallel block) its whole MLP branch and the MLP's own norm. Checkpointing keeps the
     layers' inputs instead, so nothing changes there."""
     if key.method not in ("lora", "qlora") or key.grad_ckpt:
         return 0
     spec = key.model
     discount = norm_bytes(key, trains=False)
-    if spec.parallel_block and spec.norms_per_layer == 1 and not any(_trains(key, r) for r in ("gate_proj", "up_proj")):
+    if spec.parallel_block and not any(_trains(key, r) for r in ("gate_proj", "up_proj")):
         # nothing before the MLP's output needs a gradient but a down_proj adapter, which keeps its input (cast)
         discount += mlp_bytes_per_token(key)
+        dt = dtypes(key)
         if _trains(key, "down_proj") and not spec.is_moe:
-            dt = dtypes(key)
             _, out, _ = _activation_saves(spec, dt)
             discount -= _input_bytes(key, dt, ("down_proj",), dt.linear_out if spec.mlp_gated else out) * spec.intermediate_size
+        if spec.norms_per_layer > 1:   # the MLP's own norm over the same input (GPT-NeoX) saves nothing either
+            shared = dt.residual * spec.hidden_size if spec.norm == "layer" else 0
+            discount += (spec.norms_per_layer - 1) * (norm_bytes(key, trains=False) - shared)
     if spec.layer_types and spec.layer_types[0] == "linear":
         discount += round(_first_linear_attention_discount(key))
     return discount

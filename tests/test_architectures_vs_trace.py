@@ -79,3 +79,18 @@ def test_one_kv_head_sliding_mask_repeats_by_view(seq):
     w = Workload(spec_from_config(cfg, "gemma-3-1b-2-layers"), method="lora", batch=1, seq=seq).validate()
     traced = trace(w, cfg, layers=2).saved_activations_bytes
     assert abs(saved_activation_bytes(w) - traced) <= 0.001 * traced
+
+
+@pytest.mark.parametrize("settings", [dict(method="lora", lora_targets=("query_key_value",)), dict(method="full")])
+def test_gpt_neox_parallel_residual_and_fused_qkv(settings):
+    """GPT-NeoX (StableLM-Alpha 3B's config, two layers): its two LayerNorms read the same input,
+    saved once; its values are a chunk of the fused qkv output, which they keep whole; under LoRA
+    the first layer's MLP branch and second norm need no gradient. Saved activations within 0.2%."""
+    from estimator.configs import load_config
+    from estimator.memory import saved_activation_bytes
+    from profiler.trace.step import trace
+
+    cfg = dict(load_config("stabilityai/stablelm-base-alpha-3b")[0], num_hidden_layers=2)
+    w = Workload(spec_from_config(cfg, "gpt-neox-2-layers"), batch=1, seq=512, **settings).validate()
+    traced = trace(w, cfg, layers=2).saved_activations_bytes
+    assert abs(saved_activation_bytes(w) - traced) <= 0.002 * traced
