@@ -52,6 +52,7 @@ from estimator.workload import Workload
 # apply_rotary_pos_emb has the partial form even with the whole head rotated (transformers 5.23)
 _PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe", "phi3")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
+_SOFTMAX_HIDDEN_DTYPE = ("falcon",)         # eager softmax in the hidden states' dtype
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
 # the values a view of the fused qkv output while the rotary makes new queries and keys: what
@@ -362,7 +363,10 @@ def _linear_attention(key: ActivationKey, dt: Dtypes) -> float:
 
 def _softmax_bytes(spec: ModelSpec, dt: Dtypes) -> int:
     """Bytes per score of the eager softmax output: fp32 unless the model calls a plain softmax
-    outside autocast."""
+    outside autocast, or asks for the hidden states' dtype (Falcon: `F.softmax(..., dtype=
+    hidden_states.dtype)`, which autocast leaves alone: the residual stream's dtype)."""
+    if spec.model_type in _SOFTMAX_HIDDEN_DTYPE:
+        return dt.residual
     return dt.compute if (spec.model_type in _PLAIN_SOFTMAX and not dt.autocast) else 4
 
 
