@@ -5,6 +5,7 @@
     python scripts/bench_tracer.py --subset   # the configurations the test suite checks
     python scripts/bench_tracer.py --json     # rows and summaries as JSON
     python scripts/bench_tracer.py --match dora --no-7b   # the configurations whose label has "dora"
+    python scripts/bench_tracer.py --catalog              # one catalog config per model type, two layers
     python scripts/bench_tracer.py --families  # only the newer families (profiler/trace/families.py)
     python scripts/bench_tracer.py --measured h100-80gb   # traced whole against that GPU's measurements
 
@@ -149,11 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--match", metavar="TEXT", help="only the configurations whose label contains TEXT (e.g. dora)")
     p.add_argument("--families", action="store_true",
                    help="only the family section (profiler/trace/families.py: full, LoRA, QLoRA, inference)")
+    p.add_argument("--catalog", action="store_true",
+                   help="only the catalog section: one config per catalog model type, two layers deep, "
+                        "full and LoRA on all linears")
     p.add_argument("--measured", metavar="GPU",
                    help="trace the rows of calibrations/measurements/GPU whole, reserved included, against them")
     args = p.parse_args(argv)
     if args.families:
         return _families_only(args)
+    if args.catalog:
+        return _catalog_only(args)
     if args.measured:
         return _measured(args)
     cases = list(TEST_SUBSET) if args.subset else grid()
@@ -216,6 +222,39 @@ def _families_only(args) -> int:
         return 0
     print_family_summary(s)
     print(f"families traced in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def _catalog_only(args) -> int:
+    """The catalog's own configs cut to two layers against the raw estimate (profiler.trace.grid
+    `compare_catalog`): what the grid's few families and the trace-sized configs do not cover."""
+    from profiler.trace.grid import catalog_cases, compare_catalog
+
+    start = time.perf_counter()
+    rows, refused = [], []
+    for name, method in catalog_cases():
+        with contextlib.redirect_stdout(io.StringIO()):
+            row = compare_catalog(name, method)
+        if isinstance(row, str):
+            refused.append(f"{name} {method}: {row}")
+            continue
+        rows.append(row)
+        if not args.json:
+            saved = f"{100 * row.saved_error:+7.2f}%" if row.saved_error is not None else "       -"
+            print(f"{row.configuration:<62} peak {100 * row.peak_error:+7.2f}%   saved {saved}", flush=True)
+    peak = summary([r.peak_error for r in rows])
+    saved = summary([r.saved_error for r in rows if r.saved_error is not None])
+    if args.json:
+        print(json.dumps({"rows": [r.to_dict() for r in rows], "refused": refused, "peak_allocated": peak,
+                          "saved_activations": saved, "catalog_s": time.perf_counter() - start}, indent=2))
+        return 0
+    print()
+    for name, s in (("catalog peak_allocated_bytes", peak), ("catalog saved activations", saved)):
+        print(f"{name:<30} n={s['n']:<4} median |error| {100 * s['median_abs']:.2f}%   worst {100 * s['worst_abs']:.2f}%"
+              f"   under-estimates {100 * s['under_rate']:.0f}%")
+    for line in refused:
+        print(f"not traced: {line}")
+    print(f"catalog traced in {time.perf_counter() - start:.0f} s")
     return 0
 
 

@@ -279,3 +279,67 @@ def summary(errors: list[float]) -> dict:
     absolute = [abs(e) for e in errors]
     return {"n": len(errors), "median_abs": statistics.median(absolute), "worst_abs": max(absolute),
             "under_rate": sum(e < 0 for e in errors) / len(errors)}
+
+
+# ---- the catalog's own configs, two layers deep ---------------------------------------------------
+CATALOG_SETTINGS = dict(batch=2, seq=512)
+CATALOG_METHODS = ("full", "lora")   # LoRA on all linears
+
+
+def catalog_cases() -> list[tuple[str, str]]:
+    """(catalog file name, method) for one config per catalog model type (the first by file name)."""
+    from estimator.configs import CATALOG_DIR
+    import json
+
+    seen: dict[str, str] = {}
+    for path in sorted(CATALOG_DIR.glob("*.json")):
+        mt = json.loads(path.read_text()).get("model_type")
+        if mt and mt not in seen:
+            seen[mt] = path.name
+    return [(name, method) for name in seen.values() for method in CATALOG_METHODS]
+
+
+def compare_catalog(name: str, method: str, layers: int = 2):
+    """Trace catalog config `name` cut to `layers` decoder layers (whole, no extrapolation) with
+    `method` at CATALOG_SETTINGS (SDPA; eager where the model has none) and set the raw estimate
+    beside it: a GridRow, or why it was not traced (the estimator's refusal, the model's own) as a str."""
+    import json
+
+    from estimator.configs import CATALOG_DIR
+    from estimator.errors import InputError
+    from estimator.memory import estimate_memory, saved_activation_bytes
+    from estimator.model import spec_from_config
+    from estimator.workload import Workload
+    from profiler.trace.step import trace
+
+    cfg = json.loads((CATALOG_DIR / name).read_text())
+    text = cfg.get("text_config", cfg)
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if key in text:
+            text[key] = layers
+    for key in ("layer_types", "no_rope_layers"):      # per-layer lists (Llama-4: no_rope_layers)
+        if isinstance(text.get(key), list):
+            text[key] = text[key][:layers]
+    if isinstance(text.get("moe_layers"), list):       # layer indices
+        text["moe_layers"] = [i for i in text["moe_layers"] if i < layers]
+    extra = dict(lora_targets=("all-linear",)) if method == "lora" else {}
+    try:
+        spec = spec_from_config(cfg, f"{name.removesuffix('.json')} ({layers} layers)")
+        w = Workload(spec, method=method, attn="sdpa", **extra, **CATALOG_SETTINGS)
+        try:
+            w = w.validate()
+            traced = trace(w, cfg, layers=layers)
+        except (InputError, ValueError) as exc:   # no SDPA (the estimator's refusal, or the model's)
+            if "SDPA" not in str(exc) and "scaled_dot_product_attention" not in str(exc):
+                raise
+            w = w.with_(attn="eager").validate()
+            traced = trace(w, cfg, layers=layers)
+    except Exception as exc:  # noqa: BLE001 - a refusal or a config that does not cut to two layers: a line
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    est = estimate_memory(w, 0.0, 0).peak_allocated_bytes
+    saved_t, saved_e = traced.saved_activations_bytes, saved_activation_bytes(w)
+    return GridRow(configuration=f"{w.model.name} {method} {w.attn}", method=method,
+                   traced_peak=traced.peak_allocated_bytes, estimated_peak=est,
+                   peak_error=_error(est, traced.peak_allocated_bytes), traced_saved=saved_t,
+                   estimated_saved=saved_e, saved_error=_error(saved_e, saved_t) if saved_t else None,
+                   trace_s=traced.trace_s)
