@@ -109,3 +109,19 @@ def test_falcon_eager_softmax_in_the_hidden_dtype():
                  attn="eager", batch=2, seq=512).validate()
     traced = trace(w, cfg, layers=2).saved_activations_bytes
     assert abs(saved_activation_bytes(w) - traced) <= 0.002 * traced
+
+
+def test_the_catalog_section_covers_every_model_type_and_compares():
+    """`bench_tracer.py --catalog`: one config per catalog model type, full and LoRA; a row compares
+    a two-layer trace of the catalog file with the raw estimate (OPT-350m: within 1%)."""
+    import json
+
+    from estimator.configs import CATALOG_DIR
+    from profiler.trace.grid import GridRow, catalog_cases, compare_catalog
+
+    types = {json.loads(p.read_text()).get("model_type") for p in CATALOG_DIR.glob("*.json")} - {None}
+    cases = catalog_cases()
+    assert {json.loads((CATALOG_DIR / name).read_text())["model_type"] for name, _ in cases} == types
+    assert len(cases) == 2 * len(types)
+    row = compare_catalog("facebook--opt-350m.json", "full")
+    assert isinstance(row, GridRow) and abs(row.peak_error) < 0.01 and abs(row.saved_error) < 0.01
