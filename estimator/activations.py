@@ -53,6 +53,9 @@ from estimator.workload import Workload
 _PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe", "phi3")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _SOFTMAX_HIDDEN_DTYPE = ("falcon",)         # eager softmax in the hidden states' dtype
+# a 4-D mask on every layer, padded or not (transformers 5.23 FalconModel: create_causal_mask with
+# allow_is_causal_skip=False), so SDPA never gets is_causal alone
+_ALWAYS_4D_MASK = ("falcon",)
 _ATTN_SOFTCAP = ("gemma2",)                # tanh soft-capping of attention scores (eager)
 _FUSED_QKV = ("gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "phi3")  # one qkv linear
 # the values a view of the fused qkv output while the rotary makes new queries and keys: what
@@ -407,7 +410,7 @@ def _sdpa_mask_layer_bytes(key: ActivationKey, kv_tokens: int) -> tuple[int, int
     to the compute dtype and k and v repeated to every head, the number of such layers)
     (`_sliding_mask_bytes`)."""
     spec = key.model
-    if key.padding_mask:
+    if key.padding_mask or spec.model_type in _ALWAYS_4D_MASK:
         layers = sum(spec.window_layers)
     elif not spec.sliding_window or kv_tokens < spec.sliding_window:
         return 0, 0
