@@ -22,7 +22,7 @@ from typing import Callable
 
 from estimator.configs import load_spec
 from estimator.errors import InputError
-from estimator.workload import NO_SDPA, Workload, method_defaults
+from estimator.workload import Workload, loaded_attn, method_defaults
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -221,8 +221,8 @@ def resolve(args: argparse.Namespace) -> Resolved:
     if "epochs" in reading.job:
         origin["epochs"] = reading.origin.get("epochs", "file")
     spec = load_spec(ref)
-    if "attn" not in settings and spec.model_type in NO_SDPA:   # what transformers loads it with
-        settings["attn"] = "eager"
+    if "attn" not in settings and loaded_attn(spec.model_type) != "sdpa":   # what transformers loads it with
+        settings["attn"] = loaded_attn(spec.model_type)
         origin["attn"] = "model"   # the regime line says why (estimator/api.py regime_notes)
     w = Workload(model=spec, **method_defaults(settings)).validate()
     return Resolved(w, origin, tuple(reading.unmodelled), tuple(reading.ignored), dict(reading.job))

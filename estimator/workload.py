@@ -19,7 +19,14 @@ PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor")
 ADAMW_IMPLS = ("fused", "foreach", "single")
 ATTENTIONS = ("eager", "sdpa", "flash")
-NO_SDPA = ("gptj", "gpt_oss")   # model_types transformers 5.23 builds with eager or flash_attention_2 only (_supports_sdpa = False)
+NO_SDPA = ("bloom", "gemma2", "gptj", "gpt_oss")   # model_types transformers 5.23 builds with eager or flash_attention_2 only (_supports_sdpa False: Gemma-2 sets it, sdpa cannot soft-cap; BLOOM and GPT-J never set it)
+
+
+def loaded_attn(model_type: str) -> str:
+    """The attention transformers 5.23 builds a model with when none is asked for: SDPA, or eager
+    for the model types without SDPA (`NO_SDPA`). Where a workload leaves `attn` unstated (flags,
+    imported or stored rows, sweep cases), this is its attention."""
+    return "eager" if model_type in NO_SDPA else "sdpa"
 QUANTS = ("none", "int8", "nf4", "fp4", "mxfp4")
 BNB_QUANTS = ("int8", "nf4", "fp4")   # bitsandbytes: nn.Linear replaced, weights dequantized per matmul
 # MXFP4 (transformers 5.23 quantizers/quantizer_mxfp4.py, integrations/mxfp4.py): GPT-OSS's fused experts

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from estimator.configs import load_config, load_spec
 from estimator.errors import InputError
-from estimator.workload import Workload
+from estimator.workload import Workload, loaded_attn
 from profiler.record import parse_lora_targets
 
 _WORKLOAD_FIELDS = {f.name: f for f in fields(Workload) if f.name != "model"}
@@ -57,8 +57,11 @@ class Case:
         return hash(self.id)
 
     def workload(self) -> Workload:
-        """The validated Workload (raises InputError with one clear line)."""
-        return Workload(model=load_spec(self.model), **self.settings).validate()
+        """The validated Workload (raises InputError with one clear line); an unstated attention is
+        the one transformers builds the model with (`loaded_attn`)."""
+        spec = load_spec(self.model)
+        settings = self.settings if "attn" in self.settings else dict(self.settings, attn=loaded_attn(spec.model_type))
+        return Workload(model=spec, **settings).validate()
 
     def config(self) -> dict:
         """The raw HF config dict of the model (for building the transformers model)."""

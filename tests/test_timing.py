@@ -161,12 +161,12 @@ def test_sdpa_on_sliding_layers_past_the_window_computes_every_key():
     short = estimate(Workload(phi, method="full", batch=1, seq=1024), "a100-80gb", "none").time
     assert short.compute_parts["attention_s"] == pytest.approx(
         2 * 6144 * (0.5 * 32 * 1024) * 1024 * 3 / (312e12 * 0.5))
-    # gemma-2-9b: 21 global layers (causal half) and 21 sliding ones (window 4096) at 8192 tokens;
-    # q_dim = o_dim = 16 heads x 256
-    gemma = load_spec("gemma-2-9b")
+    # gemma-3-1b: 4 global layers (causal half) and 22 sliding ones (window 512) at 8192 tokens;
+    # q_dim = o_dim = 4 heads x 256 (Gemma-2 has no SDPA in transformers 5.23)
+    gemma = load_spec("gemma-3-1b")
     g = estimate(Workload(gemma, method="lora", batch=1, seq=8192), "a100-80gb", "none").time
-    keys = 0.5 * 21 * 8192 + 21 * 8192
-    assert g.compute_parts["attention_s"] == pytest.approx(2 * 8192 * keys * 8192 * 3 / (312e12 * 0.5))
+    keys = 0.5 * 4 * 8192 + 22 * 8192
+    assert g.compute_parts["attention_s"] == pytest.approx(2 * 2048 * keys * 8192 * 3 / (312e12 * 0.5))
 
 
 @pytest.mark.parametrize("kw", [dict(method="inference"), dict(method="full", attn="flash")])

@@ -172,3 +172,18 @@ def test_tp_must_fit_kv_heads():
     with pytest.raises(InputError):
         Workload(model=spec, tp=4, gpus=4).validate()
     assert Workload(model=spec, tp=3, gpus=3).validate().tp == 3
+
+
+@pytest.mark.parametrize("model", ["gemma-2-2b", "bloomz-7b1"])
+def test_models_without_sdpa_refuse_it_and_default_to_eager(model):
+    """transformers 5.23 builds Gemma-2 (`_supports_sdpa = False`: SDPA cannot soft-cap) and BLOOM
+    (never declared) without SDPA: asking for it is refused in one line; a sweep case or an imported
+    row that does not state its attention gets eager, as transformers loads them."""
+    from estimator.configs import load_spec
+    from estimator.errors import InputError
+    from profiler.case import Case
+
+    with pytest.raises(InputError, match="no SDPA attention"):
+        Workload(load_spec(model), method="lora").validate()
+    assert Case(model, dict(method="lora")).workload().attn == "eager"
+    assert Case(model, dict(method="lora", attn="flash")).workload().attn == "flash"
