@@ -53,6 +53,9 @@ from estimator.workload import Workload
 _PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe", "phi3")
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _SOFTMAX_HIDDEN_DTYPE = ("falcon",)         # eager softmax in the hidden states' dtype
+# model types whose q/k RMSNorms Liger patches (liger-kernel 0.8.5 monkey_patch.py: Qwen3's and
+# Gemma-3's instance patches include self_attn.q_norm and k_norm; OLMo-2's do not)
+_LIGER_QK_NORM = ("qwen3", "qwen3_moe", "gemma3_text")
 # a 4-D mask on every layer, padded or not (transformers 5.23 FalconModel: create_causal_mask with
 # allow_is_causal_skip=False), so SDPA never gets is_causal alone
 _ALWAYS_4D_MASK = ("falcon",)
@@ -313,7 +316,7 @@ def _attention(key: ActivationKey, dt: Dtypes) -> int:
         # in fp32, an fp32 rsqrt per head row, the fp32 normalized heads when the weight trains)
         total += 8 * (q_dim + kv_dim) + 4 * (spec.num_heads + spec.num_kv_heads) \
             + (4 * (q_dim + kv_dim) if key.method == "full" else 0)
-    elif spec.qk_norm and key.liger:
+    elif spec.qk_norm and key.liger and spec.model_type in _LIGER_QK_NORM:
         # Liger patches the q/k RMSNorms too (liger-kernel 0.8.5 monkey_patch.py, Qwen3, Gemma-3): each
         # saves its input as it comes and an fp32 rstd per row
         heads = 1 + 1 if spec.qk_norm_full else spec.num_heads + spec.num_kv_heads
@@ -599,9 +602,11 @@ def offload_kept_bytes_per_token(key: ActivationKey) -> int:
     spec = key.model
     dt, hidden = dtypes(key), spec.hidden_size
     kept = 0
-    if spec.norm not in ("layer", "layer_nobias", "layer_noparam") and not key.liger:
-        kept += spec.norms_per_layer * 4 * hidden
-        if spec.qk_norm and spec.model_type not in _PER_HEAD_LAYERNORM:
+    if spec.norm not in ("layer", "layer_nobias", "layer_noparam"):
+        if not key.liger:
+            kept += spec.norms_per_layer * 4 * hidden
+        if spec.qk_norm and spec.model_type not in _PER_HEAD_LAYERNORM \
+                and not (key.liger and spec.model_type in _LIGER_QK_NORM):
             # the per-head (or whole-width) RMSNorm of q and k: its fp32 input too (Qwen3: the
             # H100's activation-offloaded full fine-tune measured these 12 KiB per token per layer)
             kept += 4 * (spec.q_dim + spec.kv_dim)

@@ -37,13 +37,12 @@ LIGER_PATCHED_TYPES = frozenset({
     "llama", "llama4_text", "mistral", "mixtral", "olmo2", "phi3", "qwen2", "qwen2_5_vl", "qwen3", "qwen3_moe",
     "qwen3_next", "qwen3_vl", "smollm3"})
 # of those, the ones whose kernels the estimator models, each traced with the real kernels (Llama,
-# Qwen2 and Gemma-2 in profiler/trace/grid.py `_liger`; Mistral, Qwen3, Gemma, Gemma-3, Phi-3 and
-# SmolLM3 at their catalog sizes, 2026-11-27). Not Mixtral and Qwen3-MoE: Liger 0.8.5 replaces their
-# experts with its fused MoE kernel (ops/fused_moe.py), which the estimator does not model; not
-# OLMo-2 (its post-norms and full-width q/k norms under Liger traced 10-20% above the estimate's
-# saved activations)
+# Qwen2 and Gemma-2 in profiler/trace/grid.py `_liger`; Mistral, Qwen3, Gemma, Gemma-3, Phi-3,
+# SmolLM3 and OLMo-2 (whose q/k norms Liger leaves as they are) at their catalog sizes, 2026-11-27).
+# Not Mixtral and Qwen3-MoE: Liger 0.8.5 replaces their experts with its fused MoE kernel
+# (ops/fused_moe.py), which the estimator does not model
 LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
-                               "smollm3"})
+                               "smollm3", "olmo2"})
 
 
 @dataclass(frozen=True)

@@ -185,16 +185,16 @@ def test_liger_on_an_unpatched_family_changes_nothing_and_says_so():
 
 
 def test_liger_patched_but_not_modelled_says_so_and_the_profiler_builds_it():
-    """OLMo-2 is patched by liger-kernel 0.8.5 (the Trainer applies it) but not modelled here: the
-    estimate is the model's without Liger, with a line saying so, and the profiler still builds
-    Liger's kernels into it, as the Trainer would."""
+    """Qwen3-MoE is patched by liger-kernel 0.8.5 (the Trainer applies it; its experts become Liger's
+    fused MoE) but not modelled here: the estimate is the model's without Liger, with a line saying
+    so, and the profiler still builds Liger's kernels into it, as the Trainer would."""
     from estimator.memory import estimate_memory
     from profiler import build
 
-    w = Workload(load_spec("allenai/OLMo-2-1124-7B"), method="lora", batch=1, seq=512).validate()
+    w = Workload(load_spec("Qwen/Qwen3-30B-A3B"), method="lora", batch=1, seq=512).validate()
     liger = w.with_(liger=True)
     assert estimate_memory(liger, 0.0, 0) == estimate_memory(w, 0.0, 0)
-    assert any("patches model_type olmo2, but the estimator does not model" in n for n in regime(liger).notes)
+    assert any("patches model_type qwen3_moe, but the estimator does not model" in n for n in regime(liger).notes)
     assert "liger_kernel" in build.required_packages(liger)
 
 

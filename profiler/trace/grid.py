@@ -174,6 +174,7 @@ def _liger() -> list[Case]:
             ("google/gemma-2-2b", dict(method="lora", batch=1, seq=512, attn="eager")),
             ("google/gemma-2-2b", dict(method="full", batch=1, seq=512, attn="eager", grad_ckpt=True)),
             ("Qwen/Qwen3-0.6B", dict(method="lora", batch=2, seq=1024)),            # its q/k norms too
+            ("allenai/OLMo-2-1124-7B", dict(method="lora", batch=1, seq=1024)),     # post-norms; q/k norms not Liger's
             ("microsoft/Phi-3-mini-4k-instruct", dict(method="lora", lora_targets="qkv_proj,o_proj", batch=2,
                                                       seq=1024))):
         cases.append(Case(model, dict(liger=True, **settings), warmup=1, steps=1))
