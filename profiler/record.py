@@ -273,7 +273,8 @@ def case_from_row(row, base_dirs: list[Path] | None = None):
     """The profiler.case.Case a row was measured for: its model reference (a config path is
     resolved as a sweep resolves it, against `base_dirs`: by default the working folder, then the
     repository root) and its Workload columns, typed (store rows) or text (CSV cells); an empty
-    column takes the Workload default. Raises InputError for a row that names no valid Workload."""
+    column takes the Workload default (an empty `attn`, the attention transformers builds the model
+    with: `Case.workload`). Raises InputError for a row that names no valid Workload."""
     from profiler.case import Case
     from profiler.sweep import ROOT, resolve_model
 
