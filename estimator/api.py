@@ -113,7 +113,7 @@ class Estimate:
         w = self.workload
         attn = (f"eager attention: {w.model.model_type} has no SDPA in transformers 5.23 (what it loads with "
                 f"when no attn_implementation is given)",) if (w.model.model_type in NO_SDPA and w.attn == "eager") else ()
-        return regime(w).notes + attn + _mxfp4_note(w) + _offload_note(w)
+        return regime(w).notes + attn + _math_sdpa_note(w) + _mxfp4_note(w) + _offload_note(w)
 
     def dominant(self, n: int = 3) -> list[tuple[str, int]]:
         """The largest memory components, largest first."""
@@ -191,6 +191,20 @@ def _offload_note(w: Workload) -> tuple[str, ...]:
     return ("activation offloading (TRL): the estimate keeps one layer in flight (two with checkpointing) and the "
             "later saves of each offloaded tensor on the device; TRL keys tensors by address, so on a GPU a tensor "
             "allocated where a freed offloaded one was stays too: the safe bound counts every offloaded byte",)
+
+
+def _math_sdpa_note(w: Workload) -> tuple[str, ...]:
+    """Falcon's multi-query layout (transformers 5.23 FalconAttention, old architecture: one key and
+    value head beside all the query heads, no `enable_gqa`) sends SDPA to its math path on CUDA
+    (the fused kernels want equal head counts), which keeps batch x heads x tokens x tokens scores:
+    not in this estimate, said rather than missed."""
+    spec = w.model
+    if not (w.training and w.attn == "sdpa" and spec.model_type == "falcon" and spec.num_kv_heads == 1
+            and spec.num_heads > 1):
+        return ()
+    return ("sdpa attention: Falcon's single key/value head beside its query heads sends SDPA to its math path "
+            "on CUDA, whose tokens x tokens scores this estimate does not count (an under-estimate): "
+            "--attn eager is modelled",)
 
 
 def _mxfp4_note(w: Workload) -> tuple[str, ...]:

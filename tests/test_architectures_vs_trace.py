@@ -141,3 +141,18 @@ def test_falcon_new_architecture_always_masks(method):
     w = Workload(spec_from_config(cfg, "falcon-40b-2-layers"), method=method, batch=1, seq=256, **extra).validate()
     traced = trace(w, cfg, layers=2).saved_activations_bytes
     assert abs(saved_activation_bytes(w) - traced) <= 0.002 * traced
+
+
+def test_falcon_7b_sdpa_says_its_scores_are_not_counted():
+    """Falcon-7B's one key/value head beside 71 query heads (no enable_gqa) sends SDPA to its math path
+    on CUDA: the estimate says so in a regime line (eager is modelled; Falcon-40B repeats its kv
+    heads before SDPA and needs no such line)."""
+    from estimator.api import estimate
+    from estimator.configs import load_spec
+
+    note = "math path"
+    seven = Workload(load_spec("tiiuae/falcon-7b"), method="lora", lora_targets=("query_key_value",)).validate()
+    assert any(note in n for n in estimate(seven, "a100-80gb", "none").regime_notes)
+    assert not any(note in n for n in estimate(seven.with_(attn="eager"), "a100-80gb", "none").regime_notes)
+    forty = Workload(load_spec("tiiuae/falcon-40b"), method="lora", lora_targets=("query_key_value",)).validate()
+    assert not any(note in n for n in estimate(forty, "a100-80gb", "none").regime_notes)
