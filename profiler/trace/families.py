@@ -175,24 +175,12 @@ def workload(name: str, method: str):
 def compare_family(name: str, method: str):
     """Trace family `name` whole with `method` and set the raw estimate beside it: a
     profiler.trace.grid.GridRow, or the refusal's text (estimator.errors.InputError) as a str."""
-    import time
-
     from estimator.errors import InputError
-    from estimator.memory import estimate_memory, saved_activation_bytes
-    from profiler.trace.grid import GridRow, _error
+    from profiler.trace.grid import grid_row
     from profiler.trace.step import trace
 
     try:
         w = workload(name, method)
     except InputError as exc:
         return str(exc)
-    start = time.perf_counter()
-    traced = trace(w, config(name), layers=layer_count(FAMILIES[name]))
-    est = estimate_memory(w, 0.0, 0).peak_allocated_bytes
-    saved_t = traced.saved_activations_bytes
-    saved_e = saved_activation_bytes(w) if w.training else None
-    return GridRow(configuration=f"{name} {method}", method=method, traced_peak=traced.peak_allocated_bytes,
-                   estimated_peak=est, peak_error=_error(est, traced.peak_allocated_bytes),
-                   traced_saved=saved_t, estimated_saved=saved_e,
-                   saved_error=_error(saved_e, saved_t) if saved_t else None,
-                   trace_s=time.perf_counter() - start)
+    return grid_row(f"{name} {method}", w, trace(w, config(name), layers=layer_count(FAMILIES[name])))

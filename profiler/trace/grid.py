@@ -254,13 +254,17 @@ def describe(case: Case) -> str:
 
 def compare(case: Case) -> GridRow:
     """Trace `case` and compare with the raw estimate."""
-    w = case.workload()
-    traced = trace(case)
+    return grid_row(describe(case), case.workload(), trace(case))
+
+
+def grid_row(configuration: str, w, traced) -> GridRow:
+    """The raw estimate of Workload `w` beside its trace (a profiler.trace.step.TraceResult): the
+    peak and, in training, the saved activations."""
     est = estimate_memory(w, 0.0, 0)
     saved_t = traced.saved_activations_bytes
     saved_e = saved_activation_bytes(w) if w.training else None
     return GridRow(
-        configuration=describe(case), method=w.method,
+        configuration=configuration, method=w.method,
         traced_peak=traced.peak_allocated_bytes, estimated_peak=est.peak_allocated_bytes,
         peak_error=_error(est.peak_allocated_bytes, traced.peak_allocated_bytes),
         traced_saved=saved_t, estimated_saved=saved_e,
@@ -289,8 +293,9 @@ CATALOG_METHODS = ("full", "lora")   # LoRA on all linears
 
 def catalog_cases() -> list[tuple[str, str]]:
     """(catalog file name, method) for one config per catalog model type (the first by file name)."""
-    from estimator.configs import CATALOG_DIR
     import json
+
+    from estimator.configs import CATALOG_DIR
 
     seen: dict[str, str] = {}
     for path in sorted(CATALOG_DIR.glob("*.json")):
@@ -302,16 +307,13 @@ def catalog_cases() -> list[tuple[str, str]]:
 
 def compare_catalog(name: str, method: str, layers: int = 2):
     """Trace catalog config `name` cut to `layers` decoder layers (whole, no extrapolation) with
-    `method` at CATALOG_SETTINGS (SDPA; eager where the model has none) and set the raw estimate
+    `method` at CATALOG_SETTINGS (the attention transformers loads it with) and set the raw estimate
     beside it: a GridRow, or why it was not traced (the estimator's refusal, the model's own) as a str."""
     import json
 
     from estimator.configs import CATALOG_DIR
-    from estimator.errors import InputError
-    from estimator.memory import estimate_memory, saved_activation_bytes
     from estimator.model import spec_from_config
-    from estimator.workload import Workload
-    from profiler.trace.step import trace
+    from estimator.workload import Workload, loaded_attn
 
     cfg = json.loads((CATALOG_DIR / name).read_text())
     text = cfg.get("text_config", cfg)
@@ -326,21 +328,8 @@ def compare_catalog(name: str, method: str, layers: int = 2):
     extra = dict(lora_targets=("all-linear",)) if method == "lora" else {}
     try:
         spec = spec_from_config(cfg, f"{name.removesuffix('.json')} ({layers} layers)")
-        w = Workload(spec, method=method, attn="sdpa", **extra, **CATALOG_SETTINGS)
-        try:
-            w = w.validate()
-            traced = trace(w, cfg, layers=layers)
-        except (InputError, ValueError) as exc:   # no SDPA (the estimator's refusal, or the model's)
-            if "SDPA" not in str(exc) and "scaled_dot_product_attention" not in str(exc):
-                raise
-            w = w.with_(attn="eager").validate()
-            traced = trace(w, cfg, layers=layers)
+        w = Workload(spec, method=method, attn=loaded_attn(spec.model_type), **extra, **CATALOG_SETTINGS).validate()
+        traced = trace(w, cfg, layers=layers)
     except Exception as exc:  # noqa: BLE001 - a refusal or a config that does not cut to two layers: a line
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-    est = estimate_memory(w, 0.0, 0).peak_allocated_bytes
-    saved_t, saved_e = traced.saved_activations_bytes, saved_activation_bytes(w)
-    return GridRow(configuration=f"{w.model.name} {method} {w.attn}", method=method,
-                   traced_peak=traced.peak_allocated_bytes, estimated_peak=est,
-                   peak_error=_error(est, traced.peak_allocated_bytes), traced_saved=saved_t,
-                   estimated_saved=saved_e, saved_error=_error(saved_e, saved_t) if saved_t else None,
-                   trace_s=traced.trace_s)
+    return grid_row(f"{w.model.name} {method} {w.attn}", w, traced)

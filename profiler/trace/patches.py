@@ -33,10 +33,9 @@ undone when the context exits.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
-
 import logging
 import sys
+from contextlib import ExitStack, contextmanager
 
 import torch
 
