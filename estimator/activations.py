@@ -94,6 +94,9 @@ _FP32_ROUTER_WEIGHT = ("ernie4_5_moe",)
 _SIGMOID_ROUTER = ("deepseek_v3", "glm4_moe")
 # every expert runs every token, scaled by its router score (Llama4TextMoe: torch.bmm over all experts)
 _DENSE_EXPERTS = ("llama4_text",)
+# Liger's fused MoE replaces these experts (liger-kernel 0.8.5 monkey_patch.py: LigerExperts over
+# Mixtral's and Qwen3-MoE's fused expert parameters; ops/fused_moe.py LigerFusedMoEFunction)
+_LIGER_FUSED_MOE = ("mixtral", "qwen3_moe")
 
 
 class ActivationKey(NamedTuple):
@@ -460,6 +463,13 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
     if spec.model_type in _DENSE_EXPERTS:
         return _dense_experts(key, dt)
     compute, hidden, chosen, width = dt.compute, spec.hidden_size, spec.experts_per_token, spec.moe_intermediate_size
+    if _liger_moe(key):
+        # LigerFusedMoEFunction saves its input (the block input, beside the router's), the fused
+        # gate/up output (recomputing the activation), the flat routing weights and three int32
+        # permutations per routed row (liger-kernel 0.8.5 ops/fused_moe.py save_for_backward)
+        itself = _input_bytes(key, dt, ("gate_proj", "up_proj"), dt.residual) == dt.residual and not dt.autocast
+        block_input = 0 if itself else dt.residual * hidden
+        return block_input + chosen * (2 * compute * width + compute + 3 * 4) + _router(key, dt)
     saves = _activation_saves(spec, dt)[0]
     # per chosen expert (grouped_mm): gate/up output, activation, product; a grouped_mm saves its input
     # when its weight requires grad: the full fine-tune's, or a LoRA on the fused parameter (peft's
@@ -477,6 +487,25 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
         if spec.shared_expert_gate:
             shared += compute * hidden + compute        # shared output x sigmoid(gate)
     return experts + router + shared
+
+
+def _liger_moe(key: ActivationKey) -> bool:
+    """Liger's fused MoE runs this model's experts (training with Liger on Mixtral or Qwen3-MoE)."""
+    return key.liger and key.training and key.model.is_moe and key.model.model_type in _LIGER_FUSED_MOE
+
+
+def liger_moe_weight_gradient_bytes(key: ActivationKey) -> int:
+    """Liger's fused MoE backward makes both expert weight gradients (`zeros_like(down_proj)`,
+    `zeros_like(gate_up_proj)`, liger-kernel 0.8.5 ops/fused_moe.py) whether the experts train or
+    not: frozen experts (LoRA, QLoRA) pay a whole layer's expert weights, in their dtype (fp32
+    after kbit preparation or under AMP), at each MoE layer's backward. 0 otherwise (a full
+    fine-tune's are its gradients). A LoRA on the fused expert parameters (peft's ParamWrapper)
+    receives them too: its backward reads them before they are freed."""
+    if not _liger_moe(key) or key.method == "full":
+        return 0
+    spec = key.model
+    weight = 4 if (_fp32_weights(key) or key.kbit_prep) else dtypes(key).compute
+    return weight * spec.num_experts * spec.hidden_size * 3 * spec.moe_intermediate_size
 
 
 def _dense_experts(key: ActivationKey, dt: Dtypes) -> int:
@@ -663,6 +692,12 @@ def moe_backward_bytes_per_token(key: ActivationKey) -> int:
     spec = key.model
     if not spec.is_moe or not spec.num_moe_layers:
         return 0
+    if _liger_moe(key):
+        # Liger's backward (ops/fused_moe.py): the gate/up gradient, the weighted activation, the
+        # routing weights' gradient, the routed rows' input gradient and the summed input gradient
+        # (the weight gradients: `liger_moe_weight_gradient_bytes`)
+        compute, chosen = dtypes(key).compute, spec.experts_per_token
+        return compute * (chosen * (3 * spec.moe_intermediate_size + spec.hidden_size + 1) + spec.hidden_size)
     mt = spec.model_type
     fp32 = mt in _FP32_ROUTER and mt not in _FP32_ROUTER_WEIGHT
     compute = dtypes(key).compute

@@ -38,11 +38,11 @@ LIGER_PATCHED_TYPES = frozenset({
     "qwen3_next", "qwen3_vl", "smollm3"})
 # of those, the ones whose kernels the estimator models, each traced with the real kernels (Llama,
 # Qwen2 and Gemma-2 in profiler/trace/grid.py `_liger`; Mistral, Qwen3, Gemma, Gemma-3, Phi-3,
-# SmolLM3 and OLMo-2 (whose q/k norms Liger leaves as they are) at their catalog sizes, 2026-11-27).
-# Not Mixtral and Qwen3-MoE: Liger 0.8.5 replaces their experts with its fused MoE kernel
-# (ops/fused_moe.py), which the estimator does not model
+# SmolLM3 and OLMo-2 (whose q/k norms Liger leaves as they are) at their catalog sizes, 2026-11-27;
+# Mixtral and Qwen3-MoE, whose experts Liger 0.8.5 replaces with its fused MoE kernel
+# (ops/fused_moe.py; estimator.activations `_liger_moe`), 2026-11-27 too)
 LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
-                               "smollm3", "olmo2"})
+                               "smollm3", "olmo2", "mixtral", "qwen3_moe"})
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,8 @@ def _fp8() -> list[Case]:
 def _liger() -> list[Case]:
     """Liger Kernel (`--liger`, liger-kernel 0.8.5 as the HF Trainer applies it, issue 13): LoRA,
     full fine-tunes and QLoRA with and without kbit preparation, checkpointing on and off, bf16 and
-    AMP, Llama, Qwen2 and Gemma-2 (soft-capped logits); its Triton kernels skipped, its fused loss
+    AMP, Llama, Qwen2 and Gemma-2 (soft-capped logits), Mixtral and Qwen3-MoE (its fused MoE); its
+    Triton kernels skipped, its fused loss
     on its CUDA path (profiler/trace/patches.py)."""
     cases = []
     for model, settings in (
@@ -176,7 +177,10 @@ def _liger() -> list[Case]:
             ("Qwen/Qwen3-0.6B", dict(method="lora", batch=2, seq=1024)),            # its q/k norms too
             ("allenai/OLMo-2-1124-7B", dict(method="lora", batch=1, seq=1024)),     # post-norms; q/k norms not Liger's
             ("microsoft/Phi-3-mini-4k-instruct", dict(method="lora", lora_targets="qkv_proj,o_proj", batch=2,
-                                                      seq=1024))):
+                                                      seq=1024)),
+            # its fused MoE: frozen experts' weight gradients in each layer's backward
+            ("mistralai/Mixtral-8x7B-v0.1", dict(method="lora", batch=1, seq=1024, grad_ckpt=True)),
+            ("Qwen/Qwen3-30B-A3B", dict(method="lora", lora_targets="all-linear", batch=1, seq=1024))):
         cases.append(Case(model, dict(liger=True, **settings), warmup=1, steps=1))
     return cases
 

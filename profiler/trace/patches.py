@@ -33,6 +33,7 @@ undone when the context exits.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from contextlib import ExitStack, contextmanager
@@ -196,6 +197,7 @@ def kv_cache_tagging():
 # Liger's fused linear cross-entropy (liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py): the
 # module whose device questions get CUDA's answer, and the factories it calls with that device.
 _FLCE = "liger_kernel.ops.fused_linear_cross_entropy"
+_FUSED_MOE = "liger_kernel.ops.fused_moe"
 _FACTORIES = ("empty", "empty_like", "full", "tensor", "zeros", "zeros_like")
 
 
@@ -227,7 +229,23 @@ def _liger_kernels():
         stack.enter_context(_patched(flce, "fused_linear_cross_entropy_forward", _on_cuda(forward)))
         backward = flce.fused_linear_cross_entropy_backward
         stack.enter_context(_patched(flce, "fused_linear_cross_entropy_backward", _unit_scale(backward)))
+        moe = importlib.import_module(_FUSED_MOE)
+        stack.enter_context(_patched(moe, "compute_routing_metadata", _tile_count(moe.compute_routing_metadata)))
         yield
+
+
+def _tile_count(fn):
+    """Liger's fused MoE routing (liger-kernel 0.8.5 ops/fused_moe.py `compute_routing_metadata`)
+    reads its tile count from the device (`.item()`, data the fake tensors do not have): the most
+    it can be, one partial tile per expert beyond the full ones (its two int32 tile arrays)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def run(topk_indices, E, *args, **kwargs):
+        block = kwargs.get("block_m_token", args[0] if args else importlib.import_module(_FUSED_MOE).BLOCK_M_TOKEN)
+        tiles = -(-topk_indices.numel() // block) + E
+        with _patched(FakeTensor, "item", lambda self: tiles):
+            return fn(topk_indices, E, *args, **kwargs)
+    return run
 
 
 def _no_launch(*args, **kwargs):
