@@ -131,10 +131,15 @@ _TABLE_SCHEMA = sch.Obj({
                            "bound_form": str, "factor_coverage": sch.NUM, "factor_over_provision_median": sch.NUM,
                            "uncalibrated_factor_coverage": sch.NUM,
                            "uncalibrated_factor_over_provision_median": sch.NUM,
-                           "by_quantity_bound": sch.Map(sch.Map(sch.NUM))},
+                           "by_quantity_bound": sch.Map(sch.Map(sch.NUM)),
+                           # the rows the bound is fitted and scored on (fitting/published.py BOUND_FIELDS),
+                           # and the same bound on every measured row
+                           "bound_rows": str, "coverage_all_rows": sch.NUM,
+                           "over_provision_median_all_rows": sch.NUM},
                           optional=("bound_form", "factor_coverage", "factor_over_provision_median",
                                     "uncalibrated_factor_coverage", "uncalibrated_factor_over_provision_median",
-                                    "by_quantity_bound")),
+                                    "by_quantity_bound", "bound_rows", "coverage_all_rows",
+                                    "over_provision_median_all_rows")),
 }, optional=("created", "fitter", "versions", "provenance", "range", "factor_points", "cv_error", "upper_bound",
              "notes", "validation"))
 SIZE_BUCKETS = ((1e9, "<1B"), (1e10, "1-10B"), (1e11, "10-100B"), (math.inf, ">=100B"))

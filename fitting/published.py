@@ -24,7 +24,9 @@ Validation is leave-one-source-out: each source is predicted by the estimator it
 (estimator.api.estimate with the table fitted on the other sources), since a new user is a new
 source. The safe bound (estimator/bounds.py) is point + k x the uncertain part of that prediction
 (what is not an exactly counted model state); k is the 95th percentile of (measured - predicted)
-/ uncertain part over the held-out rows, pooled over the memory metrics (the allocated rows come
+/ uncertain part over the held-out rows whose source stated the batch and the sequence length
+(BOUND_FIELDS: a row that left them to a guess measured a workload the estimate was not given;
+its coverage is reported apart), pooled over the memory metrics (the allocated rows come
 from two sources, device rows from none: a k per quantity could not be validated leave one
 source out; each quantity keeps its own uncertain part). Its coverage and median over-provision
 are measured one level further out (k from the other sources' held-out rows, checked on this
@@ -72,6 +74,11 @@ MEASURED_METRICS = ("allocated", "active", "reserved", "device")
 # the Workload fields that change memory most; a row's weight is the share of them it stated
 KEY_FIELDS = ("method", "precision", "optimizer", "batch", "seq", "grad_accum", "grad_ckpt", "attn",
               "quant", "gpus", "zero", "fsdp", "lora_rank", "lora_targets")
+# the Workload fields that size the working set: a row whose source stated both measured the
+# workload the estimator is given; one that left either to a guess measured another one (the
+# estimate is for the guess), so its residual says how good the guess was, not how good the
+# estimator is. The bound's scale is fitted and scored on the stated rows; the rest are scored apart.
+BOUND_FIELDS = ("batch", "seq")
 FITTER = ("fitting.published: bounded robust least squares (soft-L1, 5 % scale) on what each row measured "
           "(relative error; capacity rows bound from above, OOM rows from below), rows weighted by the share "
           "of their setup they stated; validation leave-one-source-out")
@@ -107,6 +114,12 @@ def weight_of(row, method: str) -> float:
     keys = [k for k in KEY_FIELDS if not (k.startswith("lora_") and method not in ("lora", "qlora"))
             and not (k == "quant" and method != "qlora")]
     return max(MIN_WEIGHT, sum(k in stated for k in keys) / len(keys))
+
+
+def input_stated(stated) -> bool:
+    """Whether a row's source stated every BOUND_FIELDS field (its `stated` column)."""
+    fields = {f.strip() for f in str(stated if isinstance(stated, str) else "").split(",")}
+    return all(f in fields for f in BOUND_FIELDS)
 
 
 def load_points(root: Path = MEASUREMENTS_DIR) -> Points:
@@ -314,6 +327,12 @@ class Validation:
     raw_factor_over_provision: float = 0.0
     oom_point_over: int = 0   # OOM rows whose held-out point already exceeds the card ("does not fit")
     by_quantity_bound: dict = field(default_factory=dict)   # quantity -> coverage, over-provision, points
+    # coverage and over-provision are on the rows whose batch and seq were stated (BOUND_FIELDS);
+    # these are the same bound on every measured row, guessed inputs included
+    stated_points: int = 0
+    all_points: int = 0
+    coverage_all: float = 0.0
+    over_provision_all: float = 0.0
 
 
 def validate_loso(points: Points) -> Validation:
@@ -330,32 +349,36 @@ def validate_loso(points: Points) -> Validation:
         frame.loc[held, "pred_cv"], frame.loc[held, "unc_cv"] = pred, unc
     frame["pred_raw"], frame["unc_raw"] = predict_points(points, "none")
     measured = frame["metric"].isin(MEASURED_METRICS)
+    stated = measured & frame["stated"].map(input_stated).astype(bool)
+    if not stated.any():
+        raise InputError(f"no measured row states {' and '.join(BOUND_FIELDS)}: the bound cannot be fitted")
     ratio = frame["value"] / frame["pred_cv"]
     z = (frame["value"] - frame["pred_cv"]) / frame["unc_cv"]
-    # nested: each source's bound comes from the other sources' held-out rows, in both forms
+    # nested: each source's bound comes from the other sources' held-out stated rows, in both forms
     frame["bound_factor_cv"] = np.nan
     frame["bound_uncertain_cv"] = np.nan
     for s in sources:
         mine = frame["source"] == s
-        others = measured & ~mine
+        others = stated & ~mine
         if others.any():
             frame.loc[mine, "bound_factor_cv"] = frame.loc[mine, "pred_cv"] * _factor(ratio[others])
             frame.loc[mine, "bound_uncertain_cv"] = (frame.loc[mine, "pred_cv"]
                                                      + _scale(z[others]) * frame.loc[mine, "unc_cv"])
-    m = frame[measured]
-    f_cov, f_over = _cover(m["bound_factor_cv"], m["value"])
-    u_cov, u_over = _cover(m["bound_uncertain_cv"], m["value"])
+    ms = frame[stated]
+    f_cov, f_over = _cover(ms["bound_factor_cv"], ms["value"])
+    u_cov, u_over = _cover(ms["bound_uncertain_cv"], ms["value"])
     # keep the form that is honest: it covers at least as much, with less over-provision
     form = "uncertain" if (u_cov >= f_cov and u_over <= f_over) else "factor"
     frame["bound_cv"] = frame[f"bound_{form}_cv"]
-    m = frame[measured]
-    covered = (m["bound_cv"] >= m["value"]).to_numpy()
-    over = ((m["bound_cv"] - m["value"]) / m["value"]).to_numpy()
-    raw_bound = m["pred_raw"] + float(overhead("uncalibrated_bound_uncertain_scale")) * m["unc_raw"]
-    raw_factor_bound = m["pred_raw"] * float(overhead("uncalibrated_bound_factor"))
+    m, ms = frame[measured], frame[stated]
+    covered = (ms["bound_cv"] >= ms["value"]).to_numpy()
+    over = ((ms["bound_cv"] - ms["value"]) / ms["value"]).to_numpy()
+    cov_all, over_all = _cover(m["bound_cv"], m["value"])
+    raw_bound = ms["pred_raw"] + float(overhead("uncalibrated_bound_uncertain_scale")) * ms["unc_raw"]
+    raw_factor_bound = ms["pred_raw"] * float(overhead("uncalibrated_bound_factor"))
     by_q_bound = {}
     for q in BOUND_QUANTITIES:
-        sub = m[m["quantity"] == q]
+        sub = ms[ms["quantity"] == q]
         if len(sub):
             cov, ovr = _cover(sub["bound_cv"], sub["value"])
             by_q_bound[q] = {"coverage": cov, "over_provision_median": ovr, "points": float(len(sub))}
@@ -373,15 +396,17 @@ def validate_loso(points: Points) -> Validation:
                  for r, sub in m.groupby(regimes)}
     oom = frame[frame["metric"] == "oom"]
     gpu_bytes = oom["value"]
-    raw_cov, raw_over = _cover(raw_bound, m["value"])
-    raw_f_cov, raw_f_over = _cover(raw_factor_bound, m["value"])
-    return Validation(frame, by_q, by_q_raw, by_gpu, by_source, by_regime, _factor(ratio[measured]),
+    raw_cov, raw_over = _cover(raw_bound, ms["value"])
+    raw_f_cov, raw_f_over = _cover(raw_factor_bound, ms["value"])
+    return Validation(frame, by_q, by_q_raw, by_gpu, by_source, by_regime, _factor(ratio[stated]),
                       float(np.mean(covered)), float(np.median(over)), raw_cov, raw_over,
                       int(len(oom)), int((oom["bound_cv"] > gpu_bytes).sum()), len(sources),
-                      scale=_scale(z[measured]), form=form, factor_coverage=f_cov, factor_over_provision=f_over,
+                      scale=_scale(z[stated]), form=form, factor_coverage=f_cov, factor_over_provision=f_over,
                       uncertain_coverage=u_cov, uncertain_over_provision=u_over,
                       raw_factor_coverage=raw_f_cov, raw_factor_over_provision=raw_f_over,
-                      oom_point_over=int((oom["pred_cv"] > gpu_bytes).sum()), by_quantity_bound=by_q_bound)
+                      oom_point_over=int((oom["pred_cv"] > gpu_bytes).sum()), by_quantity_bound=by_q_bound,
+                      stated_points=int(len(ms)), all_points=int(len(m)), coverage_all=cov_all,
+                      over_provision_all=over_all)
 
 
 def regime_label(w) -> str:
@@ -420,7 +445,7 @@ def build_table(points: Points, factors: dict, factor_points: dict, v: Validatio
     upper = {}
     for q in BOUND_QUANTITIES:
         row = {"factor": math.ceil(v.factor * 1e4) / 1e4, "quantile": QUANTILE, "coverage": v.coverage,
-               "points": n_measured, "models": int(frame["group"].nunique()), "sources": v.sources,
+               "points": v.stated_points, "models": int(frame["group"].nunique()), "sources": v.sources,
                "factor_coverage": v.factor_coverage, "over_provision_median": v.over_provision,
                "factor_over_provision_median": v.factor_over_provision}
         if v.form == "uncertain":   # rounded up: never below what was measured
@@ -430,6 +455,9 @@ def build_table(points: Points, factors: dict, factor_points: dict, v: Validatio
     rng = calibration_table.range_of(frame)
     rng["gpus"] = _counts(frame["gpu_slug"])
     notes = [f"{n} rows left out: {reason}" for reason, n in sorted(points.skipped.items())]
+    notes.append(f"the bound's scale is fitted on the held-out rows whose source stated {' and '.join(BOUND_FIELDS)} "
+                 "(a row with a guessed one measured another workload than the one estimated); "
+                 "its coverage is scored on them, and apart on every row")
     notes.append("one bound scale k for the three memory quantities, each applied to its own uncertain part "
                  "(estimator/bounds.py): the held-out rows measured peak reserved and allocated only, the allocated "
                  "ones from two sources (pooled over every metric)")
@@ -445,6 +473,11 @@ def build_table(points: Points, factors: dict, factor_points: dict, v: Validatio
         "upper_bound": upper,
         "validation": {"method": "leave-one-source-out", "sources": v.sources, "points": n_measured,
                        "coverage": v.coverage, "over_provision_median": v.over_provision,
+                       "bound_rows": f"the {v.stated_points} measured rows whose source stated "
+                                     f"{' and '.join(BOUND_FIELDS)} (fitted and scored on); on all "
+                                     f"{v.all_points}, guessed inputs included: coverage {v.coverage_all:.4f}, "
+                                     f"median over-provision {v.over_provision_all:.4f}",
+                       "coverage_all_rows": v.coverage_all, "over_provision_median_all_rows": v.over_provision_all,
                        "uncalibrated_coverage": v.raw_coverage,
                        "uncalibrated_over_provision_median": v.raw_over_provision,
                        "oom_rows": v.oom_rows, "oom_flagged": v.oom_flagged,

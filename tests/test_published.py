@@ -105,6 +105,23 @@ def test_leave_one_source_out_predicts_each_source_from_the_others(world):
     assert raw["median_abs"] > 0.015 and raw["median_abs"] > 3 * fitted["median_abs"]
 
 
+def test_the_bound_is_fitted_on_rows_that_stated_batch_and_seq(tmp_path):
+    """A source that left the sequence length to a guess measured another workload than the one
+    estimated (here: four times the tokens): its rows do not widen the bound, and are scored apart."""
+    for k, source in enumerate(("alpha", "beta", "gamma")):
+        _write_source(tmp_path, source, _synthetic_rows(source, 18, 18 * k))
+    guessed = _synthetic_rows("delta", 12, 60)
+    for row in guessed:      # measured at 4x the tokens, the estimate given the guess
+        row["value"] = str(int(int(row["value"]) * 1.6))
+        row["stated"] = ",".join(f for f in row["stated"].split(",") if f != "seq")
+    _write_source(tmp_path, "delta", guessed)
+    v = published.validate_loso(published.load_points(tmp_path / "measurements"))
+    assert (v.stated_points, v.all_points) == (54, 66)
+    assert v.coverage >= 0.95 and v.over_provision < 0.03      # the stated rows: as tight as before
+    assert v.coverage_all < 0.85                                # the guessed rows lie far above it
+    assert published.input_stated("method,batch,seq") and not published.input_stated("method,batch")
+
+
 def test_capacity_and_oom_rows_bound_one_side_only():
     frame = published.load_points(ROOT / "calibrations" / "measurements").frame.head(3).copy()
     frame["metric"] = ["capacity", "oom", "reserved"]
