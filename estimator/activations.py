@@ -827,6 +827,9 @@ def logits_forward_per_token(key: ActivationKey) -> int:
     if key.liger:
         return dtypes(key).residual * key.model.hidden_size + 4 + 1 + 2 * 8
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    if key.loss == "hf-legacy":     # the fp32 logits (the half ones freed by the upcast), their shifted
+        # contiguous copy and log_softmax's output
+        return 12 * vocab + (logit * vocab if key.model.logit_softcap else 0)
     if key.loss == "model-dtype":   # logits, the shifted copy cross_entropy reads, log_softmax's output;
         # autocast runs log_softmax in fp32 (CUDA's fp32 list): an fp32 cast of the copy and an fp32 output
         extra = 8 if dtypes(key).autocast else logit
@@ -842,10 +845,19 @@ def logits_backward_per_token(key: ActivationKey) -> int:
     if key.liger:
         return logits_saved_per_token(key)
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    if key.loss == "hf-legacy":     # beside those, the fp32 logits the kept output holds
+        return 12 * vocab + logits_kept_per_token(key) + (logit * vocab if key.model.logit_softcap else 0)
     if key.loss == "model-dtype":   # log_softmax's output, its incoming and outgoing gradient (fp32
         # under autocast); the logits were freed with the output after the forward
         return (12 if dtypes(key).autocast else 3 * logit) * vocab + (logit * vocab if key.model.logit_softcap else 0)
     return 12 * vocab + (logit * vocab if key.model.logit_softcap else 0)
+
+
+def logits_kept_per_token(key: ActivationKey) -> int:
+    """The logits a loop keeps through the whole backward, per token: `--loss hf-legacy`'s fp32
+    logits, which the model returned and the loop's `output` holds until the next step; 0 otherwise
+    (the HF Trainer keeps only the loss)."""
+    return 4 * key.model.vocab_size if key.loss == "hf-legacy" and not key.liger else 0
 
 
 def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:

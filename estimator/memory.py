@@ -262,14 +262,16 @@ def _layers_on_device(w: Workload, sizes: Sizes, per_layer: float) -> tuple[int,
 def saved_activation_bytes(w: Workload) -> int:
     """What autograd holds when the backward starts, per GPU (bytes): the layers' saved tensors
     (with checkpointing, their inputs), the final norm and lm_head input, log_softmax's output and,
-    under autocast, the half-precision weight casts the matmuls saved."""
+    under autocast, the half-precision weight casts the matmuls saved; the fp32 logits a loop keeps
+    to the backward's end (--loss hf-legacy)."""
     params = count_params(w.model)
     sizes = local_sizes(w, params)
     per_token = _per_token(_activation_key(w))
     per_layer = per_token.checkpoint if w.grad_ckpt else per_token.layer
     # offloading: the forward stash's last 5 tensors are in flight, counted as one layer (an upper bound)
     on_device, kept = _layers_on_device(w, sizes, per_layer)
-    total_per_token = on_device * per_layer + kept + per_token.outside + per_token.logits_saved
+    total_per_token = (on_device * per_layer + kept + per_token.outside + per_token.logits_saved
+                       + act.logits_kept_per_token(_activation_key(w)))
     fixed = 0 if w.grad_ckpt else on_device * act.layer_fixed_bytes(_activation_key(w))
     liger = _liger_saved_head_grad(w, sizes, model_states(states_key(w)).trained)
     return int(total_per_token * _scale(w) + fixed + _weight_casts(w, params, sizes, saved=True) + liger)
@@ -365,13 +367,14 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         head_grad = 0.0 if w.fsdp != "none" else _head_grad_bytes(sizes, trained)
         moments.append((acts + casts_bwd + _output_layer_backward(w, sizes, trained), casts_bwd))
     below = acts - per_token.outside * tokens        # the layers' saved tensors
+    kept = act.logits_kept_per_token(_activation_key(w)) * tokens     # logits a loop keeps to the end
     if w.grad_ckpt:
         recompute_casts = (casts_fwd - casts_bwd) / max(sizes.layers, 1)
         top = below + per_token.top * tokens + recompute_casts
     else:
         top = below - per_token.layer * tokens + per_token.top * tokens
     # Liger's fused MoE makes frozen experts' weight gradients in each MoE layer's backward
-    top += act.liger_moe_weight_gradient_bytes(_activation_key(w))
+    top += act.liger_moe_weight_gradient_bytes(_activation_key(w)) + kept
     moments.append((top + casts_bwd + head_grad, casts_bwd))
     transient = dora_transient(w)
     if transient:
@@ -381,14 +384,14 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         # the lm_head's autocast cast is made at the loss, after the layers
         layer_casts = casts_fwd - _head_cast(w, sizes)
         if w.grad_ckpt:
-            moments.append((below + per_token.layer * tokens + transient + layer_casts, layer_casts))
+            moments.append((below + kept + per_token.layer * tokens + transient + layer_casts, layer_casts))
         else:   # autocast keeps the half casts of every adapter weight used so far (trainable leaves)
             adapter_casts = 2 * (lora_params(w, params) - dora_params(w)) / (w.tp * w.pp) if _head_cast(w, sizes) else 0.0
             moments.append((below + transient + layer_casts + adapter_casts, layer_casts))
     if w.fp8 and w.training:
         # a converted linear's backward in the first layer the backward reaches: every layer's saved
         # tensors (that layer's recomputed with checkpointing) and its fp8 casts (estimator.fp8)
-        in_layer = below + (per_token.layer * tokens if w.grad_ckpt else 0.0)
+        in_layer = below + kept + (per_token.layer * tokens if w.grad_ckpt else 0.0)
         moments.append((in_layer + casts_bwd + head_grad + fp8_workspace(w), casts_bwd))
     return moments
 
@@ -482,7 +485,8 @@ def _output_layer_backward(w: Workload, sizes: Sizes, trained: Training) -> floa
     head = sizes.head if sizes.head else sizes.embed
     if _activation_key(w).liger:   # no logits: the weight gradient was made in the forward
         return head * trained.param_bytes + act.logits_backward_per_token(_activation_key(w)) * _scale(w)
-    logits_grad = act_bytes * w.model.vocab_size * _scale(w)
+    # the half logits' gradient, beside the fp32 logits a loop keeps (--loss hf-legacy)
+    logits_grad = (act_bytes * w.model.vocab_size + act.logits_kept_per_token(_activation_key(w))) * _scale(w)
     if w.fsdp != "none":
         return logits_grad     # the weight gradient is in FSDP's buffers (estimator.fsdp)
     with_grad = logits_grad + head * act_bytes

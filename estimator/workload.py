@@ -40,7 +40,12 @@ KBIT_PREPS = ("auto", "on", "off")
 # hf: transformers' loss from `labels` (ForCausalLMLoss: the logits upcast to fp32); model-dtype: a
 # training loop's own cross_entropy on the logits as the model returns them (no upcast), e.g.
 # universal-llm-trainer's models/*.py. Either way only the loss outlives the forward.
-LOSSES = ("hf", "model-dtype")
+# hf-legacy: transformers before 4.46, as a loop that keeps the model's output to the backward runs
+# it (AnswerDotAI fsdp_qlora train.py: `output = model(...)`, `output.loss.backward()`): the model's
+# own loss (e.g. 4.37 LlamaForCausalLM.forward) upcasts the logits to fp32, returns them, and
+# cross-entropy reads a contiguous copy of the shifted fp32 logits (`logits[..., :-1, :].contiguous()`;
+# ForCausalLMLoss kept that copy until 4.49, huggingface/transformers#35646).
+LOSSES = ("hf", "model-dtype", "hf-legacy")
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama-style models
 
 
@@ -124,7 +129,9 @@ class Workload:
         help="offload saved activations to host memory (TRL/torchtune activation_offloading)"))
     loss: str = field(default="hf", metadata=dict(
         help="training loss: hf = transformers' loss from labels (fp32 upcast of the logits; HF Trainer, TRL); "
-             "model-dtype = a loop's own cross_entropy on the model's logits (no fp32 upcast)", choices=LOSSES))
+             "model-dtype = a loop's own cross_entropy on the model's logits (no fp32 upcast); "
+             "hf-legacy = transformers before 4.46 in a loop that keeps the output to the backward "
+             "(fp32 logits returned and kept, a shifted fp32 copy; fsdp_qlora's train.py)", choices=LOSSES))
     padding_mask: bool = field(default=False, metadata=dict(
         help="training batches padded to --seq with their attention mask (zeros on the padding): transformers "
              "hands SDPA a 4D mask, so PyTorch runs its memory-efficient kernel over every key block (no "

@@ -45,6 +45,9 @@ def forward_backward(model, batch: Batch, w: Workload, device_type: str) -> None
             if w.loss == "model-dtype":
                 _own_loss_step(model, batch, w, device_type)
                 continue
+            if w.loss == "hf-legacy":
+                _legacy_loss_step(model, batch, w, device_type)
+                continue
             with _autocast(w, device_type), _offload(model, w, device_type):
                 loss = model(input_ids=batch.input_ids, labels=batch.labels, attention_mask=batch.attention_mask,
                              use_cache=False).loss
@@ -67,6 +70,23 @@ def _own_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:
     del logits, output
     (loss / w.grad_accum).backward()
     del loss
+
+
+def _legacy_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:
+    """`--loss hf-legacy`: transformers' loss before 4.46 in a loop that keeps the output to the
+    backward (AnswerDotAI fsdp_qlora train.py `output = model(...)`; `output.loss.backward()`): the
+    model's forward (4.37 LlamaForCausalLM) upcast the logits to fp32 (freeing the half ones) and
+    returned them; its loss took `logits[..., :-1, :].contiguous()` into cross_entropy. The fp32
+    logits stay referenced through the backward."""
+    import torch.nn.functional as F
+
+    with _autocast(w, device_type), _offload(model, w, device_type):
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits.float()
+        shifted = logits[..., :-1, :].contiguous()
+        loss = F.cross_entropy(shifted.view(-1, logits.size(-1)), batch.labels[..., 1:].reshape(-1))
+        del shifted
+    (loss / w.grad_accum).backward()
+    del loss, logits
 
 
 def _offload(model, w: Workload, device_type: str):

@@ -103,6 +103,11 @@ def _stacks() -> list[Case]:
             ("google/gemma-2-2b", dict(method="lora", batch=1, seq=512, attn="eager")),
             ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", precision="amp-bf16", batch=2, seq=1024))):
         cases.append(Case(model, dict(loss="model-dtype", **settings), warmup=1, steps=1))
+    # transformers before 4.46 in a loop that keeps the output (--loss hf-legacy, fsdp_qlora's train.py)
+    for model, settings in (
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024, grad_ckpt=True)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="qlora", quant="nf4", kbit_prep="off", batch=2, seq=1024))):
+        cases.append(Case(model, dict(loss="hf-legacy", **settings), warmup=1, steps=1))
     # activation offloading as TRL runs it (profiler/offload.py)
     for model, settings in (
             ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024)),
