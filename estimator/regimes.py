@@ -70,7 +70,8 @@ def regime(w: Workload) -> Regime:
     if cached is not None:
         return cached
     cached = _regime(w.method, w.base_precision, w.quant, w.zero, w.fsdp, w.kbit_prep, w.offload,
-                   w.gpus, w.nodes, w.tp, w.pp, w.liger, w.model.model_type, w.grad_accum > 1)
+                   w.gpus, w.nodes, w.tp, w.pp, w.liger, w.model.model_type, w.grad_accum > 1,
+                   w.trainable_dtype == "model")
     if w.fp8:   # torchao float8: the bf16 stack's regime, plus what fp8 changes (estimator.fp8)
         from estimator.fp8 import notes
 
@@ -81,14 +82,18 @@ def regime(w: Workload) -> Regime:
 
 def kbit_preparation_runs(w: Workload) -> bool:
     """Whether peft's prepare_model_for_kbit_training runs for `w` (the rule `--kbit-prep auto` follows)."""
-    return _kbit_prep(w.method, w.quant, w.zero, w.fsdp, w.kbit_prep)[0]
+    return _kbit_prep(w.method, w.quant, w.zero, w.fsdp, w.kbit_prep, w.trainable_dtype == "model")[0]
 
 
-def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str) -> tuple[bool, str]:
+def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str,
+               model_dtype: bool = False) -> tuple[bool, str]:
     if method == "inference" or quant == "none":
         return False, ""
     if setting != "auto":
         return setting == "on", ""
+    if model_dtype:
+        return False, ("kbit preparation off: a loop that keeps the model's dtype (--trainable-dtype model) does "
+                       "not run prepare_model_for_kbit_training")
     if fsdp != "none" or zero == 3:
         return False, ("kbit preparation off: TRL skips prepare_model_for_kbit_training for sharded QLoRA "
                        "(FSDP/ZeRO-3), so embeddings, norms and lm_head stay in the loaded dtype (--kbit-prep on "
@@ -100,7 +105,7 @@ def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str) -> t
 @lru_cache(maxsize=1024)
 def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_setting: str, offload: str,
             gpus: int, nodes: int, tp: int, pp: int, liger_setting: bool, model_type: str,
-            accumulating: bool = False) -> Regime:
+            accumulating: bool = False, model_dtype: bool = False) -> Regime:
     notes: list[str] = []
     liger = liger_setting and model_type in LIGER_MODEL_TYPES
     if liger_setting and model_type not in LIGER_PATCHED_TYPES:
@@ -113,7 +118,7 @@ def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_
     compute = precision.removeprefix("amp-")
     half = 2 if compute in ("bf16", "fp16") else 4
     loaded = 4 if (precision == "fp32" or precision.startswith("amp-")) else 2
-    kbit, why = _kbit_prep(method, quant, zero, fsdp, kbit_setting)
+    kbit, why = _kbit_prep(method, quant, zero, fsdp, kbit_setting, model_dtype)
     if why:
         notes.append(why)
     base, other, adapters = loaded, (4 if kbit else loaded), 4
@@ -140,7 +145,7 @@ def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_
                 notes.append("FSDP QLoRA: 4-bit weights stored as bf16 (bnb_4bit_quant_storage) so they shard; no fp32 "
                              "upcast of the trainable parameters (accelerate skips it with Params4bit); adapters in "
                              f"{'fp32 (kbit preparation forced on)' if kbit else 'bf16 (TRL casts them)'}")
-            else:
+            elif not model_dtype:
                 trainable = 4
                 notes.append(f"FSDP mixed precision ({compute}): accelerate upcasts the trainable parameters to fp32 "
                              f"(sharded, with fp32 gradients and optimizer states); compute copies are all-gathered in "
@@ -151,5 +156,12 @@ def _regime(method: str, precision: str, quant: str, zero: int, fsdp: str, kbit_
         if offload == "optimizer":
             notes.append("FSDP CPU offload (CPUOffloadPolicy) moves parameter, gradient and optimizer shards "
                          "together: --offload optimizer is modelled as optimizer+params")
+    if training and model_dtype:
+        # the loop keeps what trains in the model's dtype: adapters (or the weights), their gradients and
+        # optimizer states; adapters compute in it (no fp32 cast of their inputs)
+        adapters = trainable = loaded
+        adapter_compute = loaded
+        notes.append(f"trained parameters kept in the model's dtype ({'fp32' if loaded == 4 else compute}): "
+                     "their gradients and optimizer states too, no fp32 copy (--trainable-dtype model)")
     return Regime(kbit, ds_half, fsdp_shard, fsdp_mixed, base, other, adapters, trainable, act_precision,
                   act_kbit, adapter_compute, liger, tuple(notes))

@@ -46,6 +46,10 @@ KBIT_PREPS = ("auto", "on", "off")
 # cross-entropy reads a contiguous copy of the shifted fp32 logits (`logits[..., :-1, :].contiguous()`;
 # ForCausalLMLoss kept that copy until 4.49, huggingface/transformers#35646).
 LOSSES = ("hf", "model-dtype", "hf-legacy")
+# auto: what the HF stack does with the trained parameters (peft's fp32 adapters, accelerate's fp32
+# FSDP shards, DeepSpeed's fp32 master); model: the loop keeps them, their gradients and optimizer
+# states in the model's dtype (torchtune, LitGPT bf16-true, AnswerDotAI fsdp_qlora --precision bf16)
+TRAINABLE_DTYPES = ("auto", "model")
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama-style models
 
 
@@ -132,6 +136,11 @@ class Workload:
              "model-dtype = a loop's own cross_entropy on the model's logits (no fp32 upcast); "
              "hf-legacy = transformers before 4.46 in a loop that keeps the output to the backward "
              "(fp32 logits returned and kept, a shifted fp32 copy; fsdp_qlora's train.py)", choices=LOSSES))
+    trainable_dtype: str = field(default="auto", metadata=dict(
+        help="dtype of the trained parameters, their gradients and optimizer states: auto = the HF stack's "
+             "(peft fp32 adapters, accelerate's fp32 FSDP shards); model = kept in the model's dtype, no fp32 "
+             "copy and no kbit preparation (torchtune, LitGPT bf16-true, fsdp_qlora's train.py)",
+        choices=TRAINABLE_DTYPES))
     padding_mask: bool = field(default=False, metadata=dict(
         help="training batches padded to --seq with their attention mask (zeros on the padding): transformers "
              "hands SDPA a 4D mask, so PyTorch runs its memory-efficient kernel over every key block (no "
@@ -211,7 +220,7 @@ def _check_choices(w: Workload) -> None:
     for name, allowed in (("method", METHODS), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                           ("adamw_impl", ADAMW_IMPLS), ("attn", ATTENTIONS), ("quant", QUANTS),
                           ("offload", OFFLOADS), ("zero", ZERO_STAGES), ("fsdp", FSDP_MODES),
-                          ("kbit_prep", KBIT_PREPS), ("loss", LOSSES)):
+                          ("kbit_prep", KBIT_PREPS), ("loss", LOSSES), ("trainable_dtype", TRAINABLE_DTYPES)):
         if getattr(w, name) not in allowed:
             raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
     if not w.lora_targets or not all(isinstance(t, str) and t for t in w.lora_targets):
@@ -272,6 +281,14 @@ def _check_method(w: Workload) -> None:
     if w.padding_mask and w.attn == "flash":
         raise InputError("--padding-mask with --attn flash: transformers' FlashAttention unpads the batch and runs "
                          "the real tokens only; give those as --seq without --padding-mask")
+    if w.trainable_dtype == "model" and not w.training:
+        raise InputError("--trainable-dtype applies to training")
+    if w.trainable_dtype == "model" and w.kbit_prep == "on":
+        raise InputError("--kbit-prep on upcasts the non-quantized parameters to fp32: it contradicts "
+                         "--trainable-dtype model (a loop that keeps the model's dtype skips it)")
+    if w.trainable_dtype == "model" and w.zero:
+        raise InputError("--trainable-dtype model with DeepSpeed ZeRO: ZeRO's bf16/fp16 sections keep fp32 master "
+                         "weights whatever the loop does; drop --trainable-dtype")
     if w.liger and w.loss != "hf":
         raise InputError("--liger replaces the loss with its fused linear cross-entropy: drop --loss")
     if w.kbit_prep == "on" and (w.quant == "none" or not w.training):

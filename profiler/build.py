@@ -372,7 +372,19 @@ def _add_lora(model, w: Workload):
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     config = LoraConfig(r=w.lora_rank, lora_alpha=2 * w.lora_rank, lora_dropout=0.0, bias="none",
                         target_modules=lora_module_names(model, w), task_type="CAUSAL_LM", use_dora=w.dora)
-    return get_peft_model(model, config)
+    model = get_peft_model(model, config)
+    if w.trainable_dtype == "model":   # the loop keeps the adapters in the model's dtype (torchtune, LitGPT)
+        keep_trainable_dtype(model, w)
+    return model
+
+
+def keep_trainable_dtype(model, w: Workload) -> None:
+    """`--trainable-dtype model`: every trained floating parameter in the dtype the model loaded in
+    (peft made the adapters fp32), as a loop that casts the whole model does."""
+    dtype = weight_dtype(w)
+    for p in model.parameters():
+        if p.requires_grad and p.is_floating_point():
+            p.data = p.data.to(dtype)
 
 
 def trainable_parameters(model) -> list:

@@ -47,7 +47,7 @@ def shard(model, w: Workload, device: str):
     if rg.fsdp_mixed:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=half)
         four_bit = any(type(p).__name__ == "Params4bit" for p in model.parameters())
-        if not four_bit:   # accelerate: the sharded master copy of what trains is fp32
+        if not four_bit and w.trainable_dtype != "model":   # accelerate: the sharded master copy of what trains is fp32
             for p in model.parameters():
                 if p.requires_grad and p.is_floating_point():
                     p.data = p.data.to(torch.float32)

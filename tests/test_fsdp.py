@@ -64,10 +64,14 @@ def _build(config_path: str, method: str):
     cfg = AutoConfig.from_pretrained(config_path)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    if method == "lora":
+    if method in ("lora", "lora-model"):
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))  # fp32 adapters
+        if method == "lora-model":   # a loop that keeps the model's dtype (torchtune, fsdp_qlora): bf16 adapters
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.data = p.data.to(torch.bfloat16)
     else:   # accelerate: trainable parameters upcast to fp32 under mixed precision
         for p in model.parameters():
             p.data = p.data.to(torch.float32)
@@ -121,16 +125,19 @@ def _states(config: Path, **settings):
     return model_states(states_key(w))
 
 
-@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("method", ["full", "lora", "lora-model"])
 def test_shards_equal_a_real_fully_shard_run(tmp_path, method):
     settings = {"method": method} if method == "full" else {"method": "lora", "lora_rank": 4,
                                                               "lora_targets": ("q_proj", "k_proj", "v_proj",
                                                                                "o_proj", "gate_proj", "up_proj",
                                                                                "down_proj")}
+    if method == "lora-model":
+        settings["trainable_dtype"] = "model"
     config, ranks = _run(tmp_path, method)
     states = _states(config, **settings)
     rank0 = ranks[0]
-    assert rank0["dtypes"] == ["torch.float32"]          # fp32 shards of what trains
+    # fp32 shards of what trains; bf16 when the loop keeps the model's dtype
+    assert rank0["dtypes"] == ["torch.bfloat16" if method == "lora-model" else "torch.float32"]
     assert states.weights == rank0["params"]
     assert states.gradients == rank0["grads"]
     assert states.optimizer == rank0["optimizer"]

@@ -35,7 +35,7 @@ STACK = {"method": "qlora", "quant": "nf4", "fsdp": "hybrid", "gpus": 2, "nodes"
          "liger": True, "activation_offload": True}
 
 # expert parallel needs a MoE model (Qwen1.5-MoE: 60 experts)
-EXPERT = {"ep": 2, "gpus": 2}
+EXPERT = {"ep": 2, "gpus": 2, "trainable_dtype": "model"}
 MOE = str(ROOT / "estimator" / "catalog" / "Qwen--Qwen1.5-MoE-A2.7B.json")
 
 

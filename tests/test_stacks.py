@@ -439,6 +439,60 @@ def test_legacy_loss_estimate_matches_the_trace(settings):
     assert today.peak_allocated_bytes < 0.97 * traced.peak_allocated_bytes
 
 
+# --trainable-dtype model: a loop that keeps the trained parameters in the model's dtype (torchtune,
+# LitGPT bf16-true, fsdp_qlora --precision bf16): adapters, gradients and AdamW states in bf16, no kbit
+# preparation, no fp32 casts of the adapters' inputs.
+@pytest.mark.parametrize("settings", [
+    dict(method="lora", lora_targets=("all-linear",), grad_ckpt=True),
+    dict(method="qlora", quant="nf4", grad_ckpt=True),            # no kbit preparation: bf16 residual stream
+    dict(method="lora", dora=True),
+])
+def test_model_dtype_trainables_match_the_trace(settings):
+    from estimator.configs import load_config
+    from estimator.memory import estimate_memory, saved_activation_bytes
+    from estimator.model import spec_from_config
+    from profiler.trace.step import trace
+
+    cfg = dict(load_config("meta-llama/Llama-3.2-1B")[0], num_hidden_layers=2)
+    w = Workload(spec_from_config(cfg, "llama-3.2-1b-2-layers"), trainable_dtype="model", batch=2, seq=1024,
+                 **settings).validate()
+    traced = trace(w, cfg, layers=2)
+    est = estimate_memory(w, 0.0, 0)
+    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= 0.005 * traced.peak_allocated_bytes
+    assert abs(saved_activation_bytes(w) - traced.saved_activations_bytes) <= 0.005 * traced.saved_activations_bytes
+    assert estimate_memory(w.with_(trainable_dtype="auto"), 0.0, 0).peak_allocated_bytes > est.peak_allocated_bytes
+
+
+def test_model_dtype_trainables_halve_the_lora_states():
+    """LoRA states: 2 B weights + 2 B gradients + 4 B AdamW states per adapter parameter in bf16,
+    against 16 B in fp32; under FSDP accelerate's fp32 upcast is not made."""
+    from estimator.params import count_params
+    from estimator.states import lora_params, model_states, states_key
+
+    spec = load_spec("llama-2-7b")
+    for extra in ({}, dict(fsdp="full", gpus=2)):
+        w = Workload(spec, method="lora", lora_rank=64, lora_targets=("all-linear",), **extra).validate()
+        kept = w.with_(trainable_dtype="model")
+        n = lora_params(states_key(w), count_params(spec)) / (2 if extra else 1)
+        auto, model = model_states(states_key(w)), model_states(states_key(kept))
+        assert auto.gradients + auto.optimizer == pytest.approx(12 * n, rel=0.01)
+        assert model.gradients + model.optimizer == pytest.approx(6 * n, rel=0.01)
+        assert any("--trainable-dtype model" in note for note in regime(kept).notes)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--method", "inference"], "applies to training"),
+    (["--kbit-prep", "on", "--method", "qlora"], "contradicts --trainable-dtype model"),
+    (["--zero", "2", "--gpus", "2"], "ZeRO's bf16/fp16 sections keep fp32 master"),
+])
+def test_model_dtype_trainables_refusals(extra, message):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "scripts/estimate.py", "--model", "llama-3.2-1b", "--trainable-dtype",
+                           "model", *extra], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--method", "inference"], "apply to training"),
     (["--liger"], "--liger replaces the loss"),

@@ -23,7 +23,7 @@ CHANGES = {
     "lora_targets": ("q_proj", "k_proj"), "dora": True, "grad_ckpt": True, "attn": "eager", "quant": "int8",
     "double_quant": False, "gpus": 2, "nodes": 2, "zero": 2, "offload": "optimizer", "tp": 2, "pp": 2, "ep": 2,
     "fsdp": "full", "kbit_prep": "off", "liger": True, "activation_offload": True, "compiled": True,
-    "loss": "model-dtype", "padding_mask": True,
+    "loss": "model-dtype", "padding_mask": True, "trainable_dtype": "model",
 }
 
 
