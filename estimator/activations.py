@@ -96,7 +96,7 @@ _SIGMOID_ROUTER = ("deepseek_v3", "glm4_moe")
 _DENSE_EXPERTS = ("llama4_text",)
 # Liger's fused MoE replaces these experts (liger-kernel 0.8.5 monkey_patch.py: LigerExperts over
 # Mixtral's and Qwen3-MoE's fused expert parameters; ops/fused_moe.py LigerFusedMoEFunction)
-_LIGER_FUSED_MOE = ("mixtral", "qwen3_moe")
+_LIGER_FUSED_MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "qwen3_next")
 
 
 class ActivationKey(NamedTuple):
@@ -234,7 +234,10 @@ def norm_bytes(key: ActivationKey, trains: bool) -> int:
 
 def _inner_norm(key: ActivationKey, dt: Dtypes, width: int) -> int:
     """An RMSNorm inside attention (MLA's q_a/kv_a norms) over a linear's output: its fp32 input,
-    an fp32 rsqrt, and the normalized tensor when the weight trains (full fine-tune)."""
+    an fp32 rsqrt, and the normalized tensor when the weight trains (full fine-tune). Liger's
+    RMSNorm (DeepSeek's q_a/kv_a norms are patched too) saves its input as it comes and the rsqrt."""
+    if key.liger:
+        return dt.linear_out * width + 4
     return 4 * width + 4 + (dt.linear_out * width if key.method == "full" else 0)
 
 
@@ -450,8 +453,8 @@ def _mlp(key: ActivationKey, dt: Dtypes, width: int) -> int:
     (dense MLPs) saves gate and up only and recomputes the activation in its backward."""
     saves, out, out_saved = _activation_saves(key.model, dt)
     if key.model.mlp_gated:
-        if key.liger and not key.model.is_moe:
-            saves = 0                                  # liger_kernel ops/swiglu.py: save_for_backward(a, b)
+        if key.liger:   # dense MLPs and shared experts (liger_kernel ops/swiglu.py: save_for_backward(a, b))
+            saves = 0
         saved = (saves + 2 * dt.linear_out) * width   # gate (+ activation internals), act, up
         return saved + _input_bytes(key, dt, ("down_proj",), dt.linear_out) * width
     return saves * width + _input_bytes(key, dt, ("down_proj",), out, saved=out_saved) * width
@@ -469,7 +472,13 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
         # permutations per routed row (liger-kernel 0.8.5 ops/fused_moe.py save_for_backward)
         itself = _input_bytes(key, dt, ("gate_proj", "up_proj"), dt.residual) == dt.residual and not dt.autocast
         block_input = 0 if itself else dt.residual * hidden
-        return block_input + chosen * (2 * compute * width + compute + 3 * 4) + _router(key, dt)
+        weights = 4 if spec.model_type in _FP32_ROUTER and spec.model_type not in _FP32_ROUTER_WEIGHT else compute
+        shared = 0
+        if spec.shared_expert_intermediate_size:
+            shared = _mlp(key, dt, spec.shared_expert_intermediate_size)
+            if spec.shared_expert_gate:
+                shared += compute * hidden + compute        # shared output x sigmoid(gate)
+        return block_input + chosen * (2 * compute * width + weights + 3 * 4) + _router(key, dt) + shared
     saves = _activation_saves(spec, dt)[0]
     # per chosen expert (grouped_mm): gate/up output, activation, product; a grouped_mm saves its input
     # when its weight requires grad: the full fine-tune's, or a LoRA on the fused parameter (peft's
@@ -535,6 +544,15 @@ def _router(key: ActivationKey, dt: Dtypes) -> int:
     back) and, renormalising in place (sigmoid routers), a clone of the weights and the sum."""
     spec, chosen = key.model, key.model.experts_per_token
     mt = spec.model_type
+    if _liger_moe(key):
+        # Liger's fused MoE takes the top-k indices and weights as they come (its own int32 routing):
+        # the scores and the int64 top-k indices only; its flat weights are counted with it (`_moe`)
+        total = 4 * spec.num_experts + _INDEX_BYTES * chosen
+        if mt in _FP32_ROUTER and _trains(key, "router"):
+            total += 4 * spec.hidden_size
+        if mt in _SIGMOID_ROUTER:
+            total += 4 * chosen + 4
+        return total
     if mt not in _FP32_ROUTER:
         return 4 * spec.num_experts + (4 * _INDEX_BYTES + dt.compute) * chosen
     total = 4 * spec.num_experts + 4 * _INDEX_BYTES * chosen

@@ -185,17 +185,17 @@ def test_liger_on_an_unpatched_family_changes_nothing_and_says_so():
 
 
 def test_liger_patched_but_not_modelled_says_so_and_the_profiler_builds_it():
-    """DeepSeek-V3 is patched by liger-kernel 0.8.5 (the Trainer applies it) but not modelled here:
+    """GPT-OSS is patched by liger-kernel 0.8.5 (the Trainer applies it) but not modelled here:
     the estimate is the model's without Liger, with a line saying so, and the profiler still builds
     Liger's kernels into it, as the Trainer would."""
     from estimator.memory import estimate_memory
     from profiler import build
 
-    w = Workload(load_spec("deepseek-ai/DeepSeek-V3"), method="lora", lora_targets=("q_b_proj", "o_proj"),
+    w = Workload(load_spec("openai/gpt-oss-20b"), method="lora", lora_targets=("q_proj", "o_proj"), attn="eager",
                  batch=1, seq=512).validate()
     liger = w.with_(liger=True)
     assert estimate_memory(liger, 0.0, 0) == estimate_memory(w, 0.0, 0)
-    assert any("patches model_type deepseek_v3, but the estimator does not model" in n for n in regime(liger).notes)
+    assert any("patches model_type gpt_oss, but the estimator does not model" in n for n in regime(liger).notes)
     assert "liger_kernel" in build.required_packages(liger)
 
 
@@ -217,6 +217,9 @@ def test_liger_fused_moe_makes_the_frozen_experts_weight_gradients():
     ("mistralai/Mixtral-8x7B-v0.1", dict(method="lora")),                     # frozen experts' gradients
     ("mistralai/Mixtral-8x7B-v0.1", dict(method="qlora", quant="nf4", kbit_prep="off", grad_ckpt=True)),
     ("Qwen/Qwen3-30B-A3B", dict(method="full")),                             # its own expert gradients
+    # MLA with Liger's q_a/kv_a norms, fp32 router weights, Liger's SwiGLU on shared experts and the dense layer
+    ("deepseek-ai/DeepSeek-V2-Lite", dict(method="lora", lora_targets=("q_proj", "o_proj"))),
+    ("Qwen/Qwen3-Next-80B-A3B-Instruct", dict(method="lora", lora_targets=("in_proj_qkvz", "out_proj"))),
 ])
 def test_liger_fused_moe_estimate_matches_the_trace_of_the_real_kernels(model, settings):
     """Mixtral and Qwen3-MoE under Liger: its fused MoE replaces the grouped experts (saves the input,
@@ -229,6 +232,8 @@ def test_liger_fused_moe_estimate_matches_the_trace_of_the_real_kernels(model, s
     from profiler.trace.step import trace
 
     cfg = dict(load_config(model)[0], num_hidden_layers=2)
+    if "first_k_dense_replace" in cfg:   # one dense layer, one MoE layer
+        cfg["first_k_dense_replace"] = 1
     w = Workload(spec_from_config(cfg, f"{model}-2-layers"), liger=True, batch=2, seq=512, **settings).validate()
     traced = trace(w, cfg, layers=2)
     est = estimate_memory(w, 0.0, 0)

@@ -161,7 +161,8 @@ def _fp8() -> list[Case]:
 def _liger() -> list[Case]:
     """Liger Kernel (`--liger`, liger-kernel 0.8.5 as the HF Trainer applies it, issue 13): LoRA,
     full fine-tunes and QLoRA with and without kbit preparation, checkpointing on and off, bf16 and
-    AMP, Llama, Qwen2 and Gemma-2 (soft-capped logits), Mixtral and Qwen3-MoE (its fused MoE); its
+    AMP, Llama, Qwen2 and Gemma-2 (soft-capped logits), Mixtral and Qwen3-MoE (its fused MoE;
+    DeepSeek's mixed dense and MoE layers are checked two layers deep in tests/test_stacks.py); its
     Triton kernels skipped, its fused loss
     on its CUDA path (profiler/trace/patches.py)."""
     cases = []
