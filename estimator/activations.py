@@ -503,6 +503,21 @@ def _liger_moe(key: ActivationKey) -> bool:
     return key.liger and key.training and key.model.is_moe and key.model.model_type in _LIGER_FUSED_MOE
 
 
+def expert_adapter_gradient_bytes(key: ActivationKey) -> int:
+    """A LoRA on fused expert parameters (peft's ParamWrapper: the grouped_mm reads W + delta): the
+    grouped_mm's backward makes the gradient of that weight, a whole expert parameter in its dtype,
+    which the delta's backward reads before it is freed: down_proj's, the first the backward
+    reaches with the whole layer's saved tensors alive (gate_up_proj's when only it is adapted).
+    Liger's fused MoE makes both at once (`liger_moe_weight_gradient_bytes`). Not with
+    checkpointing (the recomputed layer's moments are not modelled for it)."""
+    if (not key.expert_adapters or not key.training or key.grad_ckpt or _liger_moe(key)
+            or key.model.model_type in _DENSE_EXPERTS):
+        return 0
+    spec = key.model
+    width = spec.moe_intermediate_size * (1 if "down_proj" in key.expert_adapters else 2)
+    return dtypes(key).compute * spec.num_experts * spec.hidden_size * width
+
+
 def liger_moe_weight_gradient_bytes(key: ActivationKey) -> int:
     """Liger's fused MoE backward makes both expert weight gradients (`zeros_like(down_proj)`,
     `zeros_like(gate_up_proj)`, liger-kernel 0.8.5 ops/fused_moe.py) whether the experts train or
@@ -569,7 +584,8 @@ def layer_fixed_bytes(key: ActivationKey) -> int:
     half-precision weight (experts x hidden), saved for the input gradient (training); DoRA's three
     vectors per adapted linear (the weight norm, mag_norm_scale and mag_norm_scale - 1); a LoRA on
     fused expert parameters: the parametrized weight W + delta (peft 0.21.2 ParamWrapper through
-    torch.nn.utils.parametrize, in the parameter's dtype), which the grouped_mm saves."""
+    torch.nn.utils.parametrize, in the parameter's dtype), which the grouped_mm saves, and the
+    half-precision casts of fp32 adapters the delta's matmul saves."""
     fixed = round(3 * key.adapter_bytes * key.dora[0]) if key.dora else 0
     return fixed + _router_weight_cast(key) + _expert_delta_weights(key)
 
@@ -580,6 +596,11 @@ def _expert_delta_weights(key: ActivationKey) -> int:
         return 0
     shapes = {"gate_up_proj": 2 * spec.moe_intermediate_size, "down_proj": spec.moe_intermediate_size}
     per_layer = sum(shapes[p] for p in key.expert_adapters) * spec.hidden_size * spec.num_experts
+    if key.adapter_bytes != dtypes(key).compute:
+        # peft's fp32 lora_A and lora_B cast to the weight's dtype for the delta, which its matmul
+        # saves: experts x rank x (in + out) each (gate_up_proj's rank doubled)
+        ranks = {"gate_up_proj": 2 * key.lora_rank, "down_proj": key.lora_rank}
+        per_layer += sum(ranks[p] * (spec.hidden_size + shapes[p]) for p in key.expert_adapters) * spec.num_experts
     return dtypes(key).compute * per_layer * spec.num_moe_layers // spec.num_layers   # mean per layer
 
 

@@ -375,6 +375,7 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         top = below - per_token.layer * tokens + per_token.top * tokens
     # Liger's fused MoE makes frozen experts' weight gradients in each MoE layer's backward
     top += act.liger_moe_weight_gradient_bytes(_activation_key(w)) + kept
+    top += act.expert_adapter_gradient_bytes(_activation_key(w))
     moments.append((top + casts_bwd + head_grad, casts_bwd))
     transient = dora_transient(w)
     if transient:
