@@ -508,9 +508,8 @@ def expert_adapter_gradient_bytes(key: ActivationKey) -> int:
     grouped_mm's backward makes the gradient of that weight, a whole expert parameter in its dtype,
     which the delta's backward reads before it is freed: down_proj's, the first the backward
     reaches with the whole layer's saved tensors alive (gate_up_proj's when only it is adapted).
-    Liger's fused MoE makes both at once (`liger_moe_weight_gradient_bytes`). Not with
-    checkpointing (the recomputed layer's moments are not modelled for it)."""
-    if (not key.expert_adapters or not key.training or key.grad_ckpt or _liger_moe(key)
+    Liger's fused MoE makes both at once (`liger_moe_weight_gradient_bytes`)."""
+    if (not key.expert_adapters or not key.training or _liger_moe(key)
             or key.model.model_type in _DENSE_EXPERTS):
         return 0
     spec = key.model

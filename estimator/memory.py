@@ -370,7 +370,9 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     kept = act.logits_kept_per_token(_activation_key(w)) * tokens     # logits a loop keeps to the end
     if w.grad_ckpt:
         recompute_casts = (casts_fwd - casts_bwd) / max(sizes.layers, 1)
-        top = below + per_token.top * tokens + recompute_casts
+        # the recomputed layer's saved tensors of any token count too (W + delta of adapted experts,
+        # an fp32 router's weight cast, DoRA's vectors)
+        top = below + per_token.top * tokens + recompute_casts + act.layer_fixed_bytes(_activation_key(w))
     else:
         top = below - per_token.layer * tokens + per_token.top * tokens
     # Liger's fused MoE makes frozen experts' weight gradients in each MoE layer's backward
