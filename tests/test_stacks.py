@@ -154,6 +154,30 @@ def test_zero3_lora_gathers_the_frozen_largest_layer_without_a_gradient():
     assert model_states(states_key(lora)).zero_buffers == buckets + 2 * largest   # bf16 params only
 
 
+def _two_layers(model: str, **settings):
+    """(Workload, its trace, the raw estimate) of catalog `model` cut to two decoder layers (DeepSeek:
+    one dense, one MoE)."""
+    from estimator.configs import load_config
+    from estimator.memory import estimate_memory
+    from estimator.model import spec_from_config
+    from profiler.trace.step import trace
+
+    cfg = dict(load_config(model)[0], num_hidden_layers=2)
+    if "first_k_dense_replace" in cfg:
+        cfg["first_k_dense_replace"] = 1
+    w = Workload(spec_from_config(cfg, f"{model}-2-layers"), **settings).validate()
+    return w, trace(w, cfg, layers=2), estimate_memory(w, 0.0, 0)
+
+
+def _assert_close(w, traced, est, tol: float, saved: bool = True) -> None:
+    """The estimate's peak (and saved activations) within `tol` of the trace's."""
+    from estimator.memory import saved_activation_bytes
+
+    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= tol * traced.peak_allocated_bytes
+    if saved:
+        assert abs(saved_activation_bytes(w) - traced.saved_activations_bytes) <= tol * traced.saved_activations_bytes
+
+
 # ---- Liger Kernel (liger-kernel 0.8.5: read in its code, and traced on CPU) ---------------------
 
 def _layer_and_loss(**settings) -> tuple[int, int]:
@@ -226,20 +250,7 @@ def test_liger_fused_moe_estimate_matches_the_trace_of_the_real_kernels(model, s
     the gate/up output, the routing weights and int32 permutations); the estimate lands within 1%
     of the trace of liger-kernel's own code, peak and saved activations. Without the frozen experts'
     weight gradients the LoRA estimate was 25% under the trace."""
-    from estimator.configs import load_config
-    from estimator.memory import estimate_memory, saved_activation_bytes
-    from estimator.model import spec_from_config
-    from profiler.trace.step import trace
-
-    cfg = dict(load_config(model)[0], num_hidden_layers=2)
-    if "first_k_dense_replace" in cfg:   # one dense layer, one MoE layer
-        cfg["first_k_dense_replace"] = 1
-    w = Workload(spec_from_config(cfg, f"{model}-2-layers"), liger=True, batch=2, seq=512, **settings).validate()
-    traced = trace(w, cfg, layers=2)
-    est = estimate_memory(w, 0.0, 0)
-    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= 0.01 * traced.peak_allocated_bytes
-    saved = saved_activation_bytes(w)
-    assert abs(saved - traced.saved_activations_bytes) <= 0.01 * traced.saved_activations_bytes
+    _assert_close(*_two_layers(model, liger=True, batch=2, seq=512, **settings), tol=0.01)
 
 
 def test_liger_removes_the_logits_from_the_peak():
@@ -261,18 +272,7 @@ def test_liger_estimate_matches_the_trace_of_the_real_kernels(settings):
     CUDA path); the estimate lands within 1% of it, peak and saved activations. The CPU path of the
     fused loss would allocate a weight-sized product and its fp32 cast per chunk for a trained head
     (1.5 GiB here): a tracer that took it would fail the full fine-tunes by far more than 1%."""
-    from estimator.configs import load_config
-    from estimator.memory import estimate_memory, saved_activation_bytes
-    from estimator.model import spec_from_config
-    from profiler.trace.step import trace
-
-    cfg = dict(load_config("meta-llama/Llama-3.2-1B")[0], num_hidden_layers=2)
-    w = Workload(spec_from_config(cfg, "llama-3.2-1b-2-layers"), liger=True, **settings).validate()
-    traced = trace(w, cfg, layers=2)
-    est = estimate_memory(w, 0.0, 0)
-    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= 0.01 * traced.peak_allocated_bytes
-    saved = saved_activation_bytes(w)
-    assert abs(saved - traced.saved_activations_bytes) <= 0.01 * traced.saved_activations_bytes
+    _assert_close(*_two_layers("meta-llama/Llama-3.2-1B", liger=True, **settings), tol=0.01)
 
 
 @pytest.mark.parametrize("settings", [
@@ -428,18 +428,10 @@ def test_legacy_loss_estimate_matches_the_trace(settings):
     """The step the profiler runs for --loss hf-legacy, traced; the estimate within 1% of it, peak and
     saved activations (the kept fp32 logits counted with them). With transformers 5's loss instead the
     estimate is 4-11% under these traces: the legacy loss is what a 2024 measurement ran."""
-    from estimator.configs import load_config
-    from estimator.memory import estimate_memory, saved_activation_bytes
-    from estimator.model import spec_from_config
-    from profiler.trace.step import trace
+    from estimator.memory import estimate_memory
 
-    cfg = dict(load_config("meta-llama/Llama-2-7b-hf")[0], num_hidden_layers=2)
-    w = Workload(spec_from_config(cfg, "llama-2-7b-2-layers"), loss="hf-legacy", batch=2, seq=1024,
-                 **settings).validate()
-    traced = trace(w, cfg, layers=2)
-    est = estimate_memory(w, 0.0, 0)
-    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= 0.01 * traced.peak_allocated_bytes
-    assert abs(saved_activation_bytes(w) - traced.saved_activations_bytes) <= 0.01 * traced.saved_activations_bytes
+    w, traced, est = _two_layers("meta-llama/Llama-2-7b-hf", loss="hf-legacy", batch=2, seq=1024, **settings)
+    _assert_close(w, traced, est, tol=0.01)
     today = estimate_memory(w.with_(loss="hf"), 0.0, 0)
     assert today.peak_allocated_bytes < 0.97 * traced.peak_allocated_bytes
 
@@ -453,18 +445,10 @@ def test_legacy_loss_estimate_matches_the_trace(settings):
     dict(method="lora", dora=True),
 ])
 def test_model_dtype_trainables_match_the_trace(settings):
-    from estimator.configs import load_config
-    from estimator.memory import estimate_memory, saved_activation_bytes
-    from estimator.model import spec_from_config
-    from profiler.trace.step import trace
+    from estimator.memory import estimate_memory
 
-    cfg = dict(load_config("meta-llama/Llama-3.2-1B")[0], num_hidden_layers=2)
-    w = Workload(spec_from_config(cfg, "llama-3.2-1b-2-layers"), trainable_dtype="model", batch=2, seq=1024,
-                 **settings).validate()
-    traced = trace(w, cfg, layers=2)
-    est = estimate_memory(w, 0.0, 0)
-    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= 0.005 * traced.peak_allocated_bytes
-    assert abs(saved_activation_bytes(w) - traced.saved_activations_bytes) <= 0.005 * traced.saved_activations_bytes
+    w, traced, est = _two_layers("meta-llama/Llama-3.2-1B", trainable_dtype="model", batch=2, seq=1024, **settings)
+    _assert_close(w, traced, est, tol=0.005)
     assert estimate_memory(w.with_(trainable_dtype="auto"), 0.0, 0).peak_allocated_bytes > est.peak_allocated_bytes
 
 
@@ -535,32 +519,13 @@ def test_lora_on_fused_experts_matches_the_trace(model, liger):
     """all-linear LoRA on a grouped-experts MoE: peft's ParamWrapper adapts the fused gate_up_proj and
     down_proj; the grouped_mm saves W + delta and the delta's matmul the half casts of the fp32
     adapters; the backward makes a whole-parameter gradient of W + delta. Within 0.5% of the trace."""
-    from estimator.configs import load_config
-    from estimator.memory import estimate_memory, saved_activation_bytes
-    from estimator.model import spec_from_config
-    from profiler.trace.step import trace
-
-    cfg = dict(load_config(model)[0], num_hidden_layers=2)
-    w = Workload(spec_from_config(cfg, f"{model}-2-layers"), method="lora", lora_targets=("all-linear",),
-                 liger=liger, batch=2, seq=512).validate()
-    traced = trace(w, cfg, layers=2)
-    est = estimate_memory(w, 0.0, 0)
-    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= 0.005 * traced.peak_allocated_bytes
-    assert abs(saved_activation_bytes(w) - traced.saved_activations_bytes) <= 0.005 * traced.saved_activations_bytes
+    _assert_close(*_two_layers(model, method="lora", lora_targets=("all-linear",), liger=liger, batch=2, seq=512),
+                  tol=0.005)
 
 
 @pytest.mark.parametrize("model", ["mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen3-30B-A3B"])
 def test_checkpointed_lora_on_fused_experts_matches_the_trace(model):
     """With checkpointing the recomputed layer holds its W + delta again at its backward (2.6 GiB a
     layer for Mixtral), beside down_proj's W + delta gradient: the estimate was 35% under without them."""
-    from estimator.configs import load_config
-    from estimator.memory import estimate_memory
-    from estimator.model import spec_from_config
-    from profiler.trace.step import trace
-
-    cfg = dict(load_config(model)[0], num_hidden_layers=2)
-    w = Workload(spec_from_config(cfg, f"{model}-2-layers"), method="lora", lora_targets=("all-linear",),
-                 grad_ckpt=True, batch=2, seq=512).validate()
-    traced = trace(w, cfg, layers=2)
-    est = estimate_memory(w, 0.0, 0)
-    assert abs(est.peak_allocated_bytes - traced.peak_allocated_bytes) <= 0.01 * traced.peak_allocated_bytes
+    _assert_close(*_two_layers(model, method="lora", lora_targets=("all-linear",), grad_ckpt=True, batch=2,
+                               seq=512), tol=0.01, saved=False)
