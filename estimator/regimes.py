@@ -40,10 +40,11 @@ LIGER_PATCHED_TYPES = frozenset({
 # Qwen2 and Gemma-2 in profiler/trace/grid.py `_liger`; Mistral, Qwen3, Gemma, Gemma-3, Phi-3,
 # SmolLM3 and OLMo-2 (whose q/k norms Liger leaves as they are) at their catalog sizes, 2026-11-27;
 # Mixtral, Qwen3-MoE, DeepSeek-V2/V3 and Qwen3-Next, whose experts Liger 0.8.5 replaces with its
-# fused MoE kernel (ops/fused_moe.py; estimator.activations `_liger_moe`), 2026-11-27 too)
+# fused MoE kernel (ops/fused_moe.py; estimator.activations `_liger_moe`), and GPT-OSS (its RMSNorm
+# and loss; its clamped-SwiGLU experts stay transformers'), 2026-11-27 too)
 LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
                                "smollm3", "olmo2", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-                               "qwen3_next"})
+                               "qwen3_next", "gpt_oss"})
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,8 @@ def _two_layers(model: str, **settings):
     cfg = dict(load_config(model)[0], num_hidden_layers=2)
     if "first_k_dense_replace" in cfg:
         cfg["first_k_dense_replace"] = 1
+    if isinstance(cfg.get("layer_types"), list):   # GPT-OSS: one sliding, one full layer
+        cfg["layer_types"] = cfg["layer_types"][:2]
     w = Workload(spec_from_config(cfg, f"{model}-2-layers"), **settings).validate()
     return w, trace(w, cfg, layers=2), estimate_memory(w, 0.0, 0)
 
@@ -209,17 +211,17 @@ def test_liger_on_an_unpatched_family_changes_nothing_and_says_so():
 
 
 def test_liger_patched_but_not_modelled_says_so_and_the_profiler_builds_it():
-    """GPT-OSS is patched by liger-kernel 0.8.5 (the Trainer applies it) but not modelled here:
+    """Llama-4 is patched by liger-kernel 0.8.5 (the Trainer applies it) but not modelled here:
     the estimate is the model's without Liger, with a line saying so, and the profiler still builds
     Liger's kernels into it, as the Trainer would."""
     from estimator.memory import estimate_memory
     from profiler import build
 
-    w = Workload(load_spec("openai/gpt-oss-20b"), method="lora", lora_targets=("q_proj", "o_proj"), attn="eager",
+    w = Workload(load_spec("meta-llama/Llama-4-Scout-17B-16E"), method="lora", lora_targets=("q_proj", "o_proj"),
                  batch=1, seq=512).validate()
     liger = w.with_(liger=True)
     assert estimate_memory(liger, 0.0, 0) == estimate_memory(w, 0.0, 0)
-    assert any("patches model_type gpt_oss, but the estimator does not model" in n for n in regime(liger).notes)
+    assert any("patches model_type llama4_text, but the estimator does not model" in n for n in regime(liger).notes)
     assert "liger_kernel" in build.required_packages(liger)
 
 
@@ -244,6 +246,7 @@ def test_liger_fused_moe_makes_the_frozen_experts_weight_gradients():
     # MLA with Liger's q_a/kv_a norms, fp32 router weights, Liger's SwiGLU on shared experts and the dense layer
     ("deepseek-ai/DeepSeek-V2-Lite", dict(method="lora", lora_targets=("q_proj", "o_proj"))),
     ("Qwen/Qwen3-Next-80B-A3B-Instruct", dict(method="lora", lora_targets=("in_proj_qkvz", "out_proj"))),
+    ("openai/gpt-oss-20b", dict(method="lora", lora_targets=("q_proj", "o_proj"), attn="eager")),   # no fused MoE
 ])
 def test_liger_fused_moe_estimate_matches_the_trace_of_the_real_kernels(model, settings):
     """Mixtral and Qwen3-MoE under Liger: its fused MoE replaces the grouped experts (saves the input,
