@@ -94,8 +94,9 @@ _FP32_ROUTER_WEIGHT = ("ernie4_5_moe",)
 _SIGMOID_ROUTER = ("deepseek_v3", "glm4_moe")
 # every expert runs every token, scaled by its router score (Llama4TextMoe: torch.bmm over all experts)
 _DENSE_EXPERTS = ("llama4_text",)
-# Liger's fused MoE replaces these experts (liger-kernel 0.8.5 monkey_patch.py: LigerExperts over
-# Mixtral's and Qwen3-MoE's fused expert parameters; ops/fused_moe.py LigerFusedMoEFunction)
+# Liger's fused MoE replaces these experts (liger-kernel 0.8.5 monkey_patch.py: LigerExperts over the
+# fused expert parameters of Mixtral, Qwen3-MoE, DeepSeek-V2/V3 and Qwen3-Next; ops/fused_moe.py
+# LigerFusedMoEFunction)
 _LIGER_FUSED_MOE = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "qwen3_next")
 
 
@@ -499,7 +500,7 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
 
 
 def _liger_moe(key: ActivationKey) -> bool:
-    """Liger's fused MoE runs this model's experts (training with Liger on Mixtral or Qwen3-MoE)."""
+    """Liger's fused MoE runs this model's experts (training with Liger on a `_LIGER_FUSED_MOE` type)."""
     return key.liger and key.training and key.model.is_moe and key.model.model_type in _LIGER_FUSED_MOE
 
 

@@ -366,18 +366,19 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         # FSDP: the unsharded lm_head gradient is counted with its reduce-scatter buffers (zero_buffers)
         head_grad = 0.0 if w.fsdp != "none" else _head_grad_bytes(sizes, trained)
         moments.append((acts + casts_bwd + _output_layer_backward(w, sizes, trained), casts_bwd))
+    key = _activation_key(w)
     below = acts - per_token.outside * tokens        # the layers' saved tensors
-    kept = act.logits_kept_per_token(_activation_key(w)) * tokens     # logits a loop keeps to the end
+    kept = act.logits_kept_per_token(key) * tokens   # logits a loop keeps to the end
     if w.grad_ckpt:
         recompute_casts = (casts_fwd - casts_bwd) / max(sizes.layers, 1)
         # the recomputed layer's saved tensors of any token count too (W + delta of adapted experts,
         # an fp32 router's weight cast, DoRA's vectors)
-        top = below + per_token.top * tokens + recompute_casts + act.layer_fixed_bytes(_activation_key(w))
+        top = below + per_token.top * tokens + recompute_casts + act.layer_fixed_bytes(key)
     else:
         top = below - per_token.layer * tokens + per_token.top * tokens
-    # Liger's fused MoE makes frozen experts' weight gradients in each MoE layer's backward
-    top += act.liger_moe_weight_gradient_bytes(_activation_key(w)) + kept
-    top += act.expert_adapter_gradient_bytes(_activation_key(w))
+    # the expert weight gradients a MoE layer's backward makes: Liger's fused MoE both (frozen experts
+    # too), a LoRA on fused expert parameters the W + delta gradient
+    top += act.liger_moe_weight_gradient_bytes(key) + act.expert_adapter_gradient_bytes(key) + kept
     moments.append((top + casts_bwd + head_grad, casts_bwd))
     transient = dora_transient(w)
     if transient:

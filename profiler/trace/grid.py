@@ -163,8 +163,7 @@ def _liger() -> list[Case]:
     full fine-tunes and QLoRA with and without kbit preparation, checkpointing on and off, bf16 and
     AMP, Llama, Qwen2 and Gemma-2 (soft-capped logits), Mixtral and Qwen3-MoE (its fused MoE;
     DeepSeek's mixed dense and MoE layers are checked two layers deep in tests/test_stacks.py); its
-    Triton kernels skipped, its fused loss
-    on its CUDA path (profiler/trace/patches.py)."""
+    Triton kernels skipped, its fused loss on its CUDA path (profiler/trace/patches.py)."""
     cases = []
     for model, settings in (
             ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=1, seq=512)),
