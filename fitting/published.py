@@ -331,6 +331,7 @@ class Validation:
     # these are the same bound on every measured row, guessed inputs included
     stated_points: int = 0
     all_points: int = 0
+    by_quantity_stated: dict = field(default_factory=dict)   # by_quantity on the stated rows only
     coverage_all: float = 0.0
     over_provision_all: float = 0.0
 
@@ -389,6 +390,8 @@ def validate_loso(points: Points) -> Validation:
     for q, s in by_q.items():
         sub = m[m["quantity"] == q]
         s["models"], s["sources"] = int(sub["group"].nunique()), int(sub["source"].nunique())
+    by_q_stated = {q: s for q in BOUND_QUANTITIES if (s := _stats(ms.loc[ms["quantity"] == q, "pred_cv"],
+                                                                   ms.loc[ms["quantity"] == q, "value"]))}
     by_gpu = {g: _stats(sub["pred_cv"], sub["value"]) for g, sub in m.groupby("gpu_slug")}
     by_source = {s: _stats(sub["pred_cv"], sub["value"]) for s, sub in m.groupby("source")}
     regimes = pd.Series([regime_label(w) for w in points.workloads], index=frame.index)[m.index]
@@ -406,7 +409,7 @@ def validate_loso(points: Points) -> Validation:
                       raw_factor_coverage=raw_f_cov, raw_factor_over_provision=raw_f_over,
                       oom_point_over=int((oom["pred_cv"] > gpu_bytes).sum()), by_quantity_bound=by_q_bound,
                       stated_points=int(len(ms)), all_points=int(len(m)), coverage_all=cov_all,
-                      over_provision_all=over_all)
+                      over_provision_all=over_all, by_quantity_stated=by_q_stated)
 
 
 def regime_label(w) -> str:

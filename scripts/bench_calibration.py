@@ -140,6 +140,8 @@ def published_report(measurements: Path, write: bool, plot: Path | None) -> str:
     for q, m in v.by_quantity.items():
         raw = dict(v.by_quantity_raw[q])
         lines += [_row(f"{q}", m), _row("  uncalibrated", raw)]
+        if q in v.by_quantity_stated:
+            lines.append(_row(f"  {' and '.join(published.BOUND_FIELDS)} stated", v.by_quantity_stated[q]))
     lines += ["", "per GPU (held out, calibrated)", head]
     lines += [_row(g, m) for g, m in v.by_gpu.items()]
     lines += ["", "per regime (held out, calibrated; then uncalibrated)", head]

@@ -119,6 +119,8 @@ def test_the_bound_is_fitted_on_rows_that_stated_batch_and_seq(tmp_path):
     assert (v.stated_points, v.all_points) == (54, 66)
     assert v.coverage >= 0.95 and v.over_provision < 0.03      # the stated rows: as tight as before
     assert v.coverage_all < 0.85                                # the guessed rows lie far above it
+    assert sum(s["points"] for s in v.by_quantity_stated.values()) == 54     # point errors apart too
+    assert v.by_quantity_stated["peak_reserved_bytes"]["p90_abs"] < v.by_quantity["peak_reserved_bytes"]["p90_abs"]
     assert published.input_stated("method,batch,seq") and not published.input_stated("method,batch")
 
 
