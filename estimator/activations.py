@@ -473,13 +473,8 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
         # permutations per routed row (liger-kernel 0.8.5 ops/fused_moe.py save_for_backward)
         itself = _input_bytes(key, dt, ("gate_proj", "up_proj"), dt.residual) == dt.residual and not dt.autocast
         block_input = 0 if itself else dt.residual * hidden
-        weights = 4 if spec.model_type in _FP32_ROUTER and spec.model_type not in _FP32_ROUTER_WEIGHT else compute
-        shared = 0
-        if spec.shared_expert_intermediate_size:
-            shared = _mlp(key, dt, spec.shared_expert_intermediate_size)
-            if spec.shared_expert_gate:
-                shared += compute * hidden + compute        # shared output x sigmoid(gate)
-        return block_input + chosen * (2 * compute * width + weights + 3 * 4) + _router(key, dt) + shared
+        weights = 4 if _fp32_routing_weights(spec.model_type) else compute
+        return block_input + chosen * (2 * compute * width + weights + 3 * 4) + _router(key, dt) + _shared_expert(key, dt)
     saves = _activation_saves(spec, dt)[0]
     # per chosen expert (grouped_mm): gate/up output, activation, product; a grouped_mm saves its input
     # when its weight requires grad: the full fine-tune's, or a LoRA on the fused parameter (peft's
@@ -490,13 +485,24 @@ def _moe(key: ActivationKey, dt: Dtypes) -> int:
     if key.method == "full" or "gate_up_proj" in key.expert_adapters:
         experts += chosen * compute * hidden                               # the routed input
     experts += chosen * compute * hidden                                  # expert outputs x routing weights
-    router = _router(key, dt)
-    shared = 0
-    if spec.shared_expert_intermediate_size:
-        shared = _mlp(key, dt, spec.shared_expert_intermediate_size)
-        if spec.shared_expert_gate:
-            shared += compute * hidden + compute        # shared output x sigmoid(gate)
-    return experts + router + shared
+    return experts + _router(key, dt) + _shared_expert(key, dt)
+
+
+def _shared_expert(key: ActivationKey, dt: Dtypes) -> int:
+    """Saved by a MoE block's shared expert per token (0 without one): a gated MLP, and with a gate
+    its output times the sigmoid of the gate."""
+    spec = key.model
+    if not spec.shared_expert_intermediate_size:
+        return 0
+    shared = _mlp(key, dt, spec.shared_expert_intermediate_size)
+    if spec.shared_expert_gate:
+        shared += dt.compute * spec.hidden_size + dt.compute        # shared output x sigmoid(gate)
+    return shared
+
+
+def _fp32_routing_weights(model_type: str) -> bool:
+    """The routing weights stay fp32 (an fp32 router that does not cast them back)."""
+    return model_type in _FP32_ROUTER and model_type not in _FP32_ROUTER_WEIGHT
 
 
 def _liger_moe(key: ActivationKey) -> bool:
@@ -737,10 +743,8 @@ def moe_backward_bytes_per_token(key: ActivationKey) -> int:
         # (the weight gradients: `liger_moe_weight_gradient_bytes`)
         compute, chosen = dtypes(key).compute, spec.experts_per_token
         return compute * (chosen * (3 * spec.moe_intermediate_size + spec.hidden_size + 1) + spec.hidden_size)
-    mt = spec.model_type
-    fp32 = mt in _FP32_ROUTER and mt not in _FP32_ROUTER_WEIGHT
     compute = dtypes(key).compute
-    return (4 * (4 if fp32 else compute) - 2 * compute) * spec.experts_per_token * spec.hidden_size
+    return (4 * (4 if _fp32_routing_weights(spec.model_type) else compute) - 2 * compute) * spec.experts_per_token * spec.hidden_size
 
 
 def top_layer_backward_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
@@ -1012,7 +1016,7 @@ def _inference_moe_bytes_per_token(key: ActivationKey, compute: int) -> int:
         e, width = spec.num_experts, spec.moe_intermediate_size
         return max(e * compute * (2 * hidden + 4 * width),
                    e * compute * 2 * hidden + compute * (hidden + 3 * spec.shared_expert_intermediate_size))
-    routing = 4 if mt in _FP32_ROUTER and mt not in _FP32_ROUTER_WEIGHT else compute
+    routing = 4 if _fp32_routing_weights(mt) else compute
     width = spec.moe_intermediate_size
     experts = spec.experts_per_token * max(compute * (hidden + 3 * width), hidden * (2 * compute + 2 * routing))
     shared = compute * (hidden + 3 * spec.shared_expert_intermediate_size)
