@@ -398,7 +398,7 @@ def score_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:
         per_key += 1 + dt.compute
     elif softmax != dt.compute:
         per_key += dt.compute
-    if spec.model_type in _ATTN_SOFTCAP:
+    if eager_softcap(spec):
         per_key += dt.compute
     return per_key * spec.num_heads * kv_tokens
 
@@ -415,17 +415,35 @@ def _sliding_mask_bytes(key: ActivationKey, kv_tokens: int) -> int:
     return round(per_layer * layers / spec.num_layers)
 
 
+def sdpa_mask_layers(spec: ModelSpec, padding_mask: bool, kv_tokens: int) -> tuple[int, int]:
+    """(full-attention layers, sliding layers) whose SDPA call gets a 4-D mask instead of is_causal
+    alone: every attention layer of a padded batch (a zero in attention_mask; transformers 5.x
+    masking_utils `_ignore_causal_mask_sdpa`, and 4.x `_update_causal_mask`) or of a model that always
+    builds one (`_ALWAYS_4D_MASK`), else the sliding layers once the keys reach the window
+    (`kv_length >= local_attention_size`). The one owner of this rule: the memory (the converted
+    mask, the repeated keys and values) and the time (estimator.compute_time: every key computed,
+    the mask read) both call it."""
+    full, sliding = spec.window_layers
+    if padding_mask or spec.model_type in _ALWAYS_4D_MASK:
+        return full, sliding
+    if sliding and kv_tokens >= spec.sliding_window:
+        return 0, sliding
+    return 0, 0
+
+
+def eager_softcap(spec: ModelSpec) -> bool:
+    """Eager attention soft-caps the scores (Gemma-2: divide, tanh, multiply before the mask)."""
+    return spec.model_type in _ATTN_SOFTCAP
+
+
 def _sdpa_mask_layer_bytes(key: ActivationKey, kv_tokens: int) -> tuple[int, int]:
     """(bytes per query token on one layer whose SDPA call gets a 4-D mask: the mask row converted
     to the compute dtype and k and v repeated to every head, the number of such layers)
     (`_sliding_mask_bytes`)."""
     spec = key.model
-    if key.padding_mask or spec.model_type in _ALWAYS_4D_MASK:
-        layers = sum(spec.window_layers)
-    elif not spec.sliding_window or kv_tokens < spec.sliding_window:
+    layers = sum(sdpa_mask_layers(spec, key.padding_mask, kv_tokens))
+    if not layers:
         return 0, 0
-    else:
-        layers = spec.window_layers[1]
     compute = dtypes(key).compute
     # repeat_kv expands then reshapes: with one kv head the reshape is a view of the keys and values
     repeated = 0 if spec.num_kv_heads == 1 else 2 * compute * (spec.q_dim - spec.kv_dim)

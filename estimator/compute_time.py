@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 from estimator import dora, fp8, tables
+from estimator.activations import eager_softcap, sdpa_mask_layers
 from estimator.defaults import time_constant
 from estimator.flops import attention_flops_per_token, matmul_params
 from estimator.lora_targets import adapter_shapes
@@ -84,6 +85,36 @@ def gemm_slowdown(m: float, k: float, n: float, a: float, peak: float, hfu: floa
 def attention_fraction(gpu: tables.GpuSpec) -> float:
     name = "attention_fraction_hopper" if gpu.slug.startswith(HOPPER_PREFIXES) else "attention_fraction"
     return time_constant(name)
+
+
+def mem_efficient_fraction(gpu: tables.GpuSpec) -> float:
+    """Fraction of dense peak of SDPA's memory-efficient kernel (the one a masked call gets):
+    `attention_fraction_mem_efficient` (A100 measurements), scaled on Hopper by what the sm80
+    FlashAttention-2 code loses there (`attention_fraction_hopper` / `attention_fraction`)."""
+    ampere = time_constant("attention_fraction_mem_efficient")
+    return ampere * attention_fraction(gpu) / time_constant("attention_fraction")
+
+
+def flash_head_dim(d: float) -> float:
+    """Head dim a FlashAttention-2 kernel computes with: rounded up to a multiple of 32, to 256 past
+    192 (flash_api.cpp mha_fwd `head_size_rounded`; kernels exist for 32, 64, ..., 256)."""
+    return float(-(-int(d) // 32) * 32 if d <= 192 else 256)
+
+
+def mem_efficient_head_dim(d: float) -> float:
+    """Head dim the memory-efficient kernel computes with: its tiles hold 64 or 128 (kMaxK of the
+    cutlassF/cutlassB kernels; the gmem kernel iterates past 128). Paddle pull 49910's A100 forward
+    times are flat for head dims 16, 32 and 64 (0.91-1.04 ms at 64 x 512 x 16 heads); NVIDIA/cutlass
+    pull 992's backward at dim 80 runs 54 TFLOP/s to 72-85 at 128, the rate 80 / 128 predicts."""
+    if d <= 64:
+        return 64.0
+    return float(-(-int(d) // 128) * 128)
+
+
+def _kernel_flops_per_key(spec: ModelSpec, pad) -> float:
+    """FLOPs per query token and computed key of one layer, with the kernel's padded head dims."""
+    h = spec.num_heads
+    return 2.0 * h * (pad(spec.q_dim / h) + pad(spec.o_dim / h))
 
 
 def _ffn_width(spec: ModelSpec) -> float:
@@ -156,37 +187,87 @@ def fused_keys(w: Workload) -> float:
     """Keys per query token, summed over the layers, that a fused (SDPA / FlashAttention) kernel
     computes. Under the causal mask it skips the masked half of the blocks: half of the keys, the
     window on sliding layers (FlashAttention takes the window as an argument). SDPA skips nothing
-    once transformers hands it a 4D mask (transformers 5.x masking_utils `_ignore_causal_mask_sdpa`:
-    a padding zero in attention_mask, or keys reaching a sliding window, `kv_length >=
-    local_attention_size`; for padding, 4.49's modeling_llama.py `_update_causal_mask` too), because
-    PyTorch's flash backend takes no attn_mask (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp
-    `check_for_attn_mask`: 'Flash Attention does not support non-null attn_mask') and the
-    memory-efficient kernel runs every query x key block: all keys of a padded batch's layers, all
-    keys of the sliding layers (the window is in the mask, not in the kernel)."""
+    on a layer transformers hands a 4D mask (estimator.activations.sdpa_mask_layers: a padded batch,
+    keys reaching a sliding window, a model that always builds one), because PyTorch's flash backend
+    takes no attn_mask (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp `check_for_attn_mask`:
+    'Flash Attention does not support non-null attn_mask') and the memory-efficient kernel runs
+    every query x key block: all keys of those layers (the window is in the mask, not the kernel)."""
     spec = w.model
-    full, sliding = spec.window_layers
-    if w.attn == "sdpa" and w.padding_mask:
-        return float((full + sliding) * w.seq)
-    if w.attn == "sdpa" and sliding and w.seq >= spec.sliding_window:
-        return 0.5 * full * w.seq + sliding * w.seq
-    return 0.5 * spec.attended_tokens(w.seq)
+    masked = sum(sdpa_mask_layers(spec, w.padding_mask, w.seq)) if w.attn == "sdpa" else 0
+    if not masked:
+        return 0.5 * spec.attended_tokens(w.seq)
+    # the layers without a mask are causal over fewer keys than the window (else they would have one)
+    return masked * w.seq + 0.5 * (sum(spec.window_layers) - masked) * w.seq
+
+
+def fused_passes(w: Workload, training: bool) -> float:
+    """Passes of a fused attention kernel's forward FLOPs in one micro-batch: forward 1, backward 2.5
+    (it recomputes the scores and probabilities from Q and K, then makes dV, dP, dQ and dK: five
+    matmuls to the forward's two; the convention of FlashAttention's own benchmark,
+    Dao-AILab/flash-attention benchmarks/benchmark_flash_attention.py `flops`: bwd 2.5 f, fwd+bwd
+    3.5 f, in which FlashAttention-2's 50-73 % of peak, the `attention_fraction` source, is stated),
+    recomputation +1."""
+    if not training:
+        return 1.0
+    return 3.5 + (1.0 if w.grad_ckpt else 0.0)
+
+
+def sdpa_mask_bytes(w: Workload, tokens: float, training: bool) -> float:
+    """Bytes the 4-D mask of SDPA's masked layers (estimator.activations.sdpa_mask_layers) moves in
+    one micro-batch, beyond the kernel's FLOPs: transformers 5 builds a boolean mask, which PyTorch
+    converts to the compute dtype on every call (aten/src/ATen/native/transformers/attention.cpp
+    `convert_boolean_attn_mask`: `at::where(mask, 0, -inf)`, 1 byte read and `a` written per element
+    of the batch x query x key mask, forward and recomputation), then expands over the heads with a
+    zero stride (`preprocess_mask`); the memory-efficient kernel loads the bias tile of every
+    query-block x key-block pair it computes, for every head (mem_eff_attention kernel_forward.h and
+    kernel_backward.h), so the mask is read heads times per forward, recomputation and backward: one
+    head's mask (batch x seq x seq x a: 134 MB at 2 x 8192 in bf16) is past the L2 of every GPU."""
+    if w.attn != "sdpa":
+        return 0.0
+    spec = w.model
+    layers = sum(sdpa_mask_layers(spec, w.padding_mask, w.seq))
+    if not layers:
+        return 0.0
+    a = w.activation_dtype_bytes
+    forwards = 1.0 + (1.0 if (training and w.grad_ckpt) else 0.0)
+    kernel_reads = forwards + (1.0 if training else 0.0)
+    per_layer_token = (a * spec.num_heads * kernel_reads + (1 + a) * forwards) * w.seq
+    return per_layer_token * layers * tokens
+
+
+def eager_keys(w: Workload) -> float:
+    """Keys per query token, summed over the layers, that eager attention computes: the whole
+    seq x seq score matrix on every attention layer (the causal half and a sliding window are
+    applied by adding the mask, not skipped)."""
+    return float(sum(w.model.window_layers) * w.seq)
 
 
 def _attention_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, training: bool,
                  off: frozenset) -> float:
     spec = w.model
     a, peak = w.activation_dtype_bytes, gpu.peak_flops(w.compute_dtype)
-    fwd = attention_flops_per_token(spec, w.seq) * tokens
     passes = _passes(w)[0] if training else 1.0
     if "causal_attention" in off:
+        fwd = attention_flops_per_token(spec, w.seq) * tokens
         return fwd * passes / (peak * hfu) / (w.tp * w.pp)
-    if w.attn != "eager":   # 2 (q_dim + o_dim) FLOPs per computed key (flops.attention_flops_per_token)
-        computed = 2.0 * (spec.q_dim + spec.o_dim) * fused_keys(w) * tokens
-        return computed * passes / (peak * attention_fraction(gpu)) / (w.tp * w.pp)
+    per_key = 2.0 * (spec.q_dim + spec.o_dim)   # FLOPs per computed key (flops.attention_flops_per_token)
+    if w.attn != "eager":
+        # the masked layers' keys go to the memory-efficient kernel, the others to FlashAttention-2
+        # (each with the head dims its kernels compute with)
+        masked = sum(sdpa_mask_layers(spec, w.padding_mask, w.seq)) * w.seq if w.attn == "sdpa" else 0.0
+        flash = _kernel_flops_per_key(spec, flash_head_dim) * (fused_keys(w) - masked) / attention_fraction(gpu)
+        efficient = _kernel_flops_per_key(spec, mem_efficient_head_dim) * masked / mem_efficient_fraction(gpu)
+        return ((flash + efficient) * tokens * fused_passes(w, training) / peak
+                + sdpa_mask_bytes(w, tokens, training) / bandwidth(gpu)) / (w.tp * w.pp)
     # eager: full score matrix at the GEMM rate, plus its bytes: matmul out (a), x scaling (2a),
-    # + mask (3a), fp32 softmax (a + 4), cast (4 + a), read by the PV matmul (a) = 9a + 8 per element
-    scores = w.batch * spec.num_heads * w.seq * spec.attended_tokens(w.seq)   # summed over layers
-    return (fwd * passes / (peak * hfu) + scores * (9 * a + 8) * passes / bandwidth(gpu)) / (w.tp * w.pp)
+    # + mask (3a), fp32 softmax (a + 4), cast (4 + a), read by the PV matmul (a) = 9a + 8 per element;
+    # Gemma-2's soft-capping divides, takes tanh and multiplies first (+6a: modeling_gemma2.py
+    # eager_attention_forward)
+    keys = eager_keys(w)
+    per_element = 9 * a + 8 + (6 * a if eager_softcap(spec) else 0)
+    scores = w.batch * spec.num_heads * w.seq * keys
+    return (per_key * keys * tokens * passes / (peak * hfu)
+            + scores * per_element * passes / bandwidth(gpu)) / (w.tp * w.pp)
 
 
 def fp8_cast_bytes(w: Workload, tokens: float) -> float:

@@ -64,7 +64,7 @@ BEFORE_MFU = {("full", "a100-80gb"): 0.55, ("full", "a100-40gb"): 0.5, ("full", 
 def workload(row: dict) -> Workload:
     """The Workload a dev-set row describes (empty cells: the Workload defaults)."""
     values = {"model": load_spec(row["model"])}
-    for name in ("method", "precision", "attn", "quant", "offload", "fsdp"):
+    for name in ("method", "precision", "attn", "quant", "offload", "fsdp", "loss", "trainable_dtype"):
         if row.get(name):
             values[name] = row[name]
     for name in _INT:
