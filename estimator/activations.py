@@ -124,6 +124,7 @@ class ActivationKey(NamedTuple):
     # fused expert parameters peft targets (ParamWrapper: "gate_up_proj", "down_proj"), estimator.lora_targets
     expert_adapters: tuple = ()
     padding_mask: bool = False  # a padded batch's attention mask reaches the model (Workload.padding_mask)
+    lora_dropout: bool = False  # peft's lora_dropout > 0: each adapter drops out its own copy of its input
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -141,7 +142,7 @@ def activation_key(w: Workload) -> ActivationKey:
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
                          rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs,
-                         experts, w.padding_mask)
+                         experts, w.padding_mask, w.lora_dropout and w.method in ("lora", "qlora"))
 
 
 def dora_dtypes(key: ActivationKey) -> dora.DoraDtypes:
@@ -194,22 +195,33 @@ def _trains(key: ActivationKey, role: str) -> bool:
 def _input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int, saved: bool = False) -> int:
     """Bytes per element saved for the linears in `roles` reading one tensor of `x_bytes`;
     `saved` when that tensor is already saved by something else."""
-    readers = sum(_trains(key, role) for role in roles)
+    readers = _readers(key, roles)
     if readers == 0:
         return 0
-    if key.model.model_type in _FUSED_QKV and set(roles) >= {"q_proj", "k_proj", "v_proj"}:
-        readers -= sum(_trains(key, role) for role in ("k_proj", "v_proj"))   # q, k, v are one linear
-    if key.model.model_type in _FUSED_GATE_UP and set(roles) >= {"gate_proj", "up_proj"}:
-        readers -= _trains(key, "up_proj")                                   # gate and up are one linear
     if key.method == "full":
         if dt.autocast and x_bytes != dt.compute:
             return readers * dt.compute       # each linear saves its own autocast cast
         return 0 if saved else x_bytes       # the tensor itself, once
+    if key.lora_dropout:
+        # peft: lora_A(dropout(x)) per adapter: lora_A saves the dropped-out copy (under autocast its
+        # half cast of it), native_dropout a 1-byte bool mask; x itself is no adapter's any more
+        return readers * ((dt.compute if dt.autocast else key.adapter_bytes) + 1)
     if dt.autocast:
         return readers * dt.compute           # adapter casts to fp32, autocast back to half
     if x_bytes == key.adapter_bytes:
         return 0 if saved else x_bytes        # adapters in the input's dtype: the tensor itself
     return readers * key.adapter_bytes        # each adapter's cast to its dtype (peft: fp32)
+
+
+def _readers(key: ActivationKey, roles) -> int:
+    """How many trained linears (or adapters) among `roles` read their shared input: q, k and v are
+    one linear in a fused-QKV model, gate and up in a fused gate/up one."""
+    readers = sum(_trains(key, role) for role in roles)
+    if key.model.model_type in _FUSED_QKV and set(roles) >= {"q_proj", "k_proj", "v_proj"}:
+        readers -= sum(_trains(key, role) for role in ("k_proj", "v_proj"))   # q, k, v are one linear
+    if key.model.model_type in _FUSED_GATE_UP and set(roles) >= {"gate_proj", "up_proj"}:
+        readers -= _trains(key, "up_proj")                                   # gate and up are one linear
+    return readers
 
 
 def _dropout(spec: ModelSpec, where: str) -> bool:
@@ -673,12 +685,8 @@ def _shared_input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int) -> 
     """Bytes per element of the one tensor that two or more of the linears in `roles` save (the
     same storage saved more than once), 0 when each saves its own (autocast or adapter casts) or
     one linear reads it (`_input_bytes`' readers)."""
-    readers = sum(_trains(key, role) for role in roles)
-    if key.model.model_type in _FUSED_QKV and set(roles) >= {"q_proj", "k_proj", "v_proj"}:
-        readers -= sum(_trains(key, role) for role in ("k_proj", "v_proj"))
-    if key.model.model_type in _FUSED_GATE_UP and set(roles) >= {"gate_proj", "up_proj"}:
-        readers -= _trains(key, "up_proj")
-    if readers < 2 or dt.autocast:
+    readers = _readers(key, roles)
+    if readers < 2 or dt.autocast or (key.method != "full" and key.lora_dropout):
         return 0
     if key.method == "full" or x_bytes == key.adapter_bytes:
         return x_bytes
@@ -827,6 +835,15 @@ def _first_layer_discount(key: ActivationKey) -> int:
         return 0
     spec = key.model
     discount = norm_bytes(key, trains=False)
+    if key.lora_dropout:
+        # the first layer's normed input needs no gradient: the dropouts of the adapters reading it
+        # keep no mask (native_dropout saves it for an input that requires grad); a parallel block's
+        # MLP branch reads an input without one too
+        first = ("in_proj_qkvz", "in_proj_ba") if spec.layer_types and spec.layer_types[0] == "linear" \
+            else _attention_input_roles(spec)
+        if spec.parallel_block:
+            first += ("gate_proj", "up_proj") if spec.mlp_gated else ("up_proj",)
+        discount += _readers(key, first) * spec.hidden_size
     if spec.parallel_block and not any(_trains(key, r) for r in ("gate_proj", "up_proj")):
         # nothing before the MLP's output needs a gradient but a down_proj adapter, which keeps its input (cast)
         discount += mlp_bytes_per_token(key)

@@ -38,7 +38,7 @@ from estimator import dora, fp8, tables
 from estimator.activations import eager_softcap, sdpa_mask_layers
 from estimator.defaults import time_constant
 from estimator.flops import attention_flops_per_token, matmul_params
-from estimator.lora_targets import adapter_shapes
+from estimator.lora_targets import matched
 from estimator.model import ModelSpec
 from estimator.params import count_params
 from estimator.regimes import regime
@@ -292,15 +292,17 @@ def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bo
 
 def adapter_bytes_per_token(w: Workload) -> float:
     """Forward bytes per token of peft's LoRA path (tuners/lora/layer.py Linear.forward:
-    x cast to the adapter dtype c, lora_A reads it, lora_B writes c x d_out, x scaling, added to the
+    x cast to the adapter dtype c, dropped out when lora_dropout > 0, lora_A reads it, lora_B writes c x d_out, x scaling, added to the
     base output and cast back), summed over the targeted modules."""
     a, c = w.activation_dtype_bytes, regime(w).adapter_compute_bytes
     cast = (a + c) if c != a else 0
+    dropout = (2 * c + 1) if w.lora_dropout else 0     # read x, write the copy and a 1-byte mask
     total = 0.0
-    for d_in, d_out, n in adapter_shapes(w.model, w.lora_targets):
-        side_in = (c + cast) * d_in
-        side_out = (c + 2 * c + a + c + max(a, c) + cast) * d_out
-        total += n * (side_in + side_out)
+    for site in matched(w.model, w.lora_targets):
+        # an embedding adapter looks up rank-wide rows of lora_embedding_A: no vocabulary-wide input
+        side_in = 0 if site.kind == "embedding" else (c + cast + dropout) * site.d_in
+        side_out = (c + 2 * c + a + c + max(a, c) + cast) * site.d_out
+        total += side_in + side_out
     return total
 
 

@@ -100,6 +100,10 @@ class Workload:
     dora: bool = field(default=False, metadata=dict(
         help="DoRA (peft use_dora=True, LoRA/QLoRA): a trained magnitude vector per adapted linear, the "
              "weight norm recomputed every forward, base and adapter outputs saved"))
+    lora_dropout: bool = field(default=False, metadata=dict(
+        help="LoRA/QLoRA with peft lora_dropout > 0 (any probability): each adapted linear keeps its own "
+             "dropped-out copy of its input for lora_A and a 1-byte mask (peft's default is 0; Axolotl and "
+             "many recipes use 0.05)"))
     grad_ckpt: bool = field(default=False, metadata=dict(help="gradient checkpointing"))
     attn: str = field(default="sdpa", metadata=dict(help="attention implementation", choices=ATTENTIONS))
     quant: str = field(default="none", metadata=dict(
@@ -296,6 +300,8 @@ def _check_method(w: Workload) -> None:
                          "or --method lora --quant int8")
     if w.dora:
         _check_dora(w)
+    if w.lora_dropout:
+        _check_lora_dropout(w)
     if w.method != "inference" and w.new_tokens:
         raise InputError("--new-tokens applies to inference only")
     if w.method != "inference" and w.compiled and not w.fp8:
@@ -332,6 +338,22 @@ def _check_dora(w: Workload) -> None:
                          "conversion targets): drop --dora or target the attention projections only")
     if kinds & {"embedding", "head"}:
         raise InputError("DoRA on the embedding or lm_head is not modelled: drop --dora or those targets")
+
+
+def _check_lora_dropout(w: Workload) -> None:
+    """peft applies lora_dropout in its Linear adapters (tuners/lora/layer.py Linear.forward:
+    `lora_B(lora_A(dropout(x)))`); peft 0.21.2 refuses it on parameter targets (ParamWrapper
+    `update_layer`: 'does not work with lora_dropout != 0'); DoRA with dropout recomputes the base
+    output on the dropped-out input, which is not modelled."""
+    if w.method not in ("lora", "qlora"):
+        raise InputError(f"--lora-dropout applies to LoRA/QLoRA adapters (got --method {w.method})")
+    if w.dora:
+        raise InputError("DoRA with lora_dropout recomputes the base output on the dropped-out input: not "
+                         "modelled; drop --lora-dropout or --dora")
+    kinds = {s.kind for s in matched(w.model, w.lora_targets)}
+    if kinds & {"router", "experts"}:
+        raise InputError("peft 0.21 refuses lora_dropout on parameter targets (ParamWrapper: the fused MoE "
+                         "experts and router): drop --lora-dropout or target the attention projections only")
 
 
 def _check_fp8(w: Workload) -> None:

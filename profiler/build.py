@@ -8,7 +8,8 @@ memory nor time, so no download is needed.
 The recipes follow what users run:
 - precision: fp32/bf16/fp16 load the model in that dtype; amp-* load fp32 and the step runs under
   autocast in the half dtype.
-- LoRA: peft `get_peft_model` with `LoraConfig(r, alpha=2r, dropout 0, target roles)`; peft keeps
+- LoRA: peft `get_peft_model` with `LoraConfig(r, alpha=2r, dropout 0 (0.05 with --lora-dropout), target
+  roles)`; peft keeps
   adapters in fp32 (`autocast_adapter_dtype=True`); `--dora`: `use_dora=True` (a magnitude vector per
   adapted linear).
 - QLoRA (and LoRA on an int8 base): every nn.Linear but the output head becomes a bitsandbytes
@@ -370,7 +371,9 @@ def _add_lora(model, w: Workload):
     if w.quant != "none" and regime(w).kbit_prep:   # --kbit-prep: what the stack does (estimator.regimes)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=w.grad_ckpt,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
-    config = LoraConfig(r=w.lora_rank, lora_alpha=2 * w.lora_rank, lora_dropout=0.0, bias="none",
+    # --lora-dropout: peft's dropout on each adapter's input (0.05: Axolotl's and many recipes' value)
+    config = LoraConfig(r=w.lora_rank, lora_alpha=2 * w.lora_rank, lora_dropout=0.05 if w.lora_dropout else 0.0,
+                        bias="none",
                         target_modules=lora_module_names(model, w), task_type="CAUSAL_LM", use_dora=w.dora)
     model = get_peft_model(model, config)
     if w.trainable_dtype == "model":   # the loop keeps the adapters in the model's dtype (torchtune, LitGPT)

@@ -39,7 +39,7 @@ CHOICES = {
     "grad_ckpt": (False, True), "attn": ATTENTIONS, "quant": QUANTS, "double_quant": (True, False),
     "gpus": (1, 2, 8), "nodes": (1, 2), "zero": ZERO_STAGES, "offload": OFFLOADS, "tp": (1, 2), "pp": (1, 2), "ep": (1, 2),
     "fsdp": FSDP_MODES, "kbit_prep": KBIT_PREPS, "liger": (False, True), "activation_offload": (False, True),
-    "compiled": (False, True), "loss": LOSSES, "padding_mask": (False, True), "trainable_dtype": TRAINABLE_DTYPES,
+    "compiled": (False, True), "loss": LOSSES, "lora_dropout": (False, True), "padding_mask": (False, True), "trainable_dtype": TRAINABLE_DTYPES,
 }
 # A table with every factor, so the calibrated path (and its caches) is in the answers too.
 TABLE = {"schema": SCHEMA, "gpu": GPU, "factors": {

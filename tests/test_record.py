@@ -32,7 +32,7 @@ EVERY_FIELD = {"method": "qlora", "precision": "amp-bf16", "optimizer": "paged-a
 INFERENCE = {"method": "inference", "new_tokens": 7, "batch": 2, "seq": 64, "compiled": True}
 # the training stack's fields (FSDP excludes ZeRO, so they move in a case of their own)
 STACK = {"method": "qlora", "quant": "nf4", "fsdp": "hybrid", "gpus": 2, "nodes": 2, "kbit_prep": "on",
-         "liger": True, "activation_offload": True}
+         "liger": True, "activation_offload": True, "lora_dropout": True}
 
 # expert parallel needs a MoE model (Qwen1.5-MoE: 60 experts)
 EXPERT = {"ep": 2, "gpus": 2, "trainable_dtype": "model"}

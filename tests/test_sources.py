@@ -31,11 +31,11 @@ EQUIVALENTS = [
     (["--model", "llama-3.1-8b", "--training-args", str(FILES / "sft_config.json"),
       "--peft", str(FILES / "adapter_config.json"), "--gpus", "8"],
      ["--model", "llama-3.1-8b", "--method", "lora", "--lora-rank", "32", "--lora-targets", "q_proj,k_proj,v_proj,o_proj",
-      "--batch", "2", "--grad-accum", "8", "--grad-ckpt", "--precision", "bf16", "--optimizer", "paged-adamw-8bit",
+      "--lora-dropout", "--batch", "2", "--grad-accum", "8", "--grad-ckpt", "--precision", "bf16", "--optimizer", "paged-adamw-8bit",
       "--seq", "2048", "--zero", "3", "--offload", "optimizer", "--gpus", "8", "--epochs", "3"]),
     (["--axolotl", str(FILES / "axolotl_qlora.yaml")],
      ["--model", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--quant", "nf4", "--lora-rank", "16",
-      "--lora-targets", "all-linear", "--seq", "4096", "--batch", "1", "--grad-accum", "4", "--grad-ckpt",
+      "--lora-targets", "all-linear", "--lora-dropout", "--seq", "4096", "--batch", "1", "--grad-accum", "4", "--grad-ckpt",
       "--precision", "bf16", "--optimizer", "paged-adamw-8bit", "--attn", "flash", "--epochs", "2"]),
     (["--llamafactory", str(FILES / "llamafactory_lora.yaml")],
      ["--model", "Qwen/Qwen2.5-7B-Instruct", "--method", "lora", "--lora-rank", "8", "--lora-targets", "all-linear",
@@ -47,7 +47,7 @@ EQUIVALENTS = [
     (["--model", "llama-3.1-8b", "--peft", str(FILES / "adapter_config.json"),
       "--quant-config", str(FILES / "bnb_nf4.json")],
      ["--model", "llama-3.1-8b", "--method", "qlora", "--quant", "nf4", "--lora-rank", "32",
-      "--lora-targets", "q_proj,k_proj,v_proj,o_proj"]),
+      "--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--lora-dropout"]),
 ]
 
 
@@ -129,6 +129,7 @@ def test_bad_files_are_refused_in_one_line(tmp_path, capsys):
     (tmp_path / "broken.yaml").write_text("a: [\n")
     (tmp_path / "procs.yaml").write_text("distributed_type: MULTI_GPU\nnum_machines: 2\nnum_processes: 3\n")
     (tmp_path / "adapter.yaml").write_text("base_model: llama-3.1-8b\nadapter: ia3\n")
+    (tmp_path / "dropout.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_dropout": 1.5}))
     m = ["--model", "llama-3.1-8b"]
     cases = [
         (m + ["--training-args", str(tmp_path / "types.json")], "per_device_train_batch_size must be int"),
@@ -141,6 +142,7 @@ def test_bad_files_are_refused_in_one_line(tmp_path, capsys):
         (m + ["--accelerate-config", str(tmp_path / "procs.yaml")], "multiple of num_machines"),
         (["--axolotl", str(tmp_path / "adapter.yaml")], "adapter 'ia3'"),
         (m + ["--peft", str(tmp_path / "missing.json")], "cannot read"),
+        (m + ["--peft", str(tmp_path / "dropout.json")], "lora_dropout must be a probability"),
         (m + ["--training-args", str(FILES / "sft_config.json"), "--deepspeed",
               str(FILES / "ds_zero3.json"), "--zero", "2"], ""),   # flags win: no error (checked below)
     ]
@@ -148,3 +150,26 @@ def test_bad_files_are_refused_in_one_line(tmp_path, capsys):
         assert_refused(CLI, capsys, argv, words, "estimate.py", tmp_path)
     code, out, err = call_main(CLI, capsys, *cases[-1][0])
     assert code == 0, err
+
+
+@pytest.mark.parametrize("dropout, expected", [(0.05, True), (0.0, False)])
+def test_lora_dropout_is_read_from_each_recipe(dropout, expected):
+    from estimator.sources import axolotl, llamafactory, peft
+
+    readings = [peft.read({"peft_type": "LORA", "r": 8, "lora_dropout": dropout}),
+                axolotl.read({"base_model": "m", "adapter": "lora", "lora_dropout": dropout}),
+                llamafactory.read({"model_name_or_path": "m", "finetuning_type": "lora", "lora_dropout": dropout})]
+    for r in readings:
+        assert r.fields.get("lora_dropout", False) is expected
+        assert not any("lora_dropout" in i for i in r.ignored)
+    # a full fine-tune's recipe: nothing to drop out, the key is neither a setting nor ignored
+    full = llamafactory.read({"model_name_or_path": "m", "finetuning_type": "full", "lora_dropout": dropout})
+    assert "lora_dropout" not in full.fields and not any("lora_dropout" in i for i in full.ignored)
+
+
+def test_dora_with_lora_dropout_is_said_as_not_modelled():
+    from estimator.sources import peft
+
+    r = peft.read({"peft_type": "LORA", "r": 8, "use_dora": True, "lora_dropout": 0.1})
+    assert r.fields["dora"] is True and "lora_dropout" not in r.fields
+    assert any("lora_dropout = 0.1" in u and "DoRA" in u for u in r.unmodelled)

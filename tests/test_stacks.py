@@ -532,3 +532,69 @@ def test_checkpointed_lora_on_fused_experts_matches_the_trace(model):
     layer for Mixtral), beside down_proj's W + delta gradient: the estimate was 35% under without them."""
     _assert_close(*_two_layers(model, method="lora", lora_targets=("all-linear",), grad_ckpt=True, batch=2,
                                seq=512), tol=0.01, saved=False)
+
+
+# ---- LoRA dropout (peft 0.21.2 tuners/lora/layer.py Linear.forward: lora_B(lora_A(dropout(x)))) --
+
+@pytest.mark.parametrize("model, settings", [
+    ("llama-3.2-1b", dict(method="lora", lora_targets=("all-linear",))),                    # fp32 adapters
+    ("llama-3.2-1b", dict(method="lora", lora_targets=("all-linear",), trainable_dtype="model")),  # bf16
+    ("llama-3.2-1b", dict(method="qlora", quant="nf4", lora_targets=("all-linear",))),
+    ("llama-3.2-1b", dict(method="lora", lora_targets=("all-linear",), grad_ckpt=True)),
+    ("phi-3-mini", dict(method="lora", lora_targets=("all-linear",))),                      # fused qkv, gate_up
+    ("qwen2.5-0.5b", dict(method="lora", lora_targets=("q_proj", "v_proj", "lm_head"))),
+], ids=["fp32-adapters", "bf16-adapters", "qlora", "ckpt", "phi3-fused", "lm-head"])
+def test_lora_dropout_traced_two_layers_deep(model, settings):
+    w, traced, est = _two_layers(model, batch=1, seq=256, lora_dropout=True, **settings)
+    _assert_close(w, traced, est, 0.004)
+    plain_w, plain_traced, _ = _two_layers(model, batch=1, seq=256, **settings)
+    if not settings.get("grad_ckpt"):   # the copies and masks are really there
+        assert traced.saved_activations_bytes > plain_traced.saved_activations_bytes
+
+
+def test_lora_dropout_bytes_by_hand():
+    from estimator.memory import saved_activation_bytes
+
+    # tiny-llama: hidden 64, intermediate 176, 2 layers, 256 tokens; q,k,v,o,gate,up,down adapted.
+    # Adapters in bf16 (--trainable-dtype model): without dropout q/k/v share the normed input
+    # (2 B), gate/up share theirs, down keeps its input once and o_proj's is SDPA's own saved output
+    # (0 B more); with dropout each adapter keeps its own bf16 copy (2 B) and a 1-byte mask, except
+    # the first layer's q/k/v masks (their input needs no gradient under LoRA: the embedding is frozen).
+    base = dict(method="lora", lora_targets=("all-linear",), trainable_dtype="model", batch=1, seq=256)
+    plain = Workload(load_spec(str(TINY)), **base).validate()
+    drop = Workload(load_spec(str(TINY)), lora_dropout=True, **base).validate()
+    per_layer = (3 * 3 - 2) * 64 + 3 * 64 + (2 * 3 - 2) * 64 + (3 - 2) * 176
+    first_layer_masks = 3 * 64
+    assert saved_activation_bytes(drop) - saved_activation_bytes(plain) == 256 * (2 * per_layer - first_layer_masks)
+    # fp32 adapters: peft's fp32 cast per adapter becomes the dropped-out copy: the masks only
+    plain32 = Workload(load_spec(str(TINY)), method="lora", lora_targets=("all-linear",), batch=1, seq=256).validate()
+    drop32 = Workload(load_spec(str(TINY)), method="lora", lora_targets=("all-linear",), batch=1, seq=256,
+                      lora_dropout=True).validate()
+    masks = 2 * (6 * 64 + 176) - first_layer_masks
+    assert saved_activation_bytes(drop32) - saved_activation_bytes(plain32) == 256 * masks
+
+
+def test_lora_dropout_is_timed():
+    from estimator.compute_time import adapter_bytes_per_token
+
+    # fp32 adapters on a bf16 model: each adapter's fp32 input is read and dropped out (4 + 4 + 1 bytes
+    # per element) before lora_A reads it
+    w = Workload(load_spec(str(TINY)), method="lora", lora_targets=("all-linear",)).validate()
+    d = Workload(load_spec(str(TINY)), method="lora", lora_targets=("all-linear",), lora_dropout=True).validate()
+    d_in = 2 * (6 * 64 + 176)
+    assert adapter_bytes_per_token(d) - adapter_bytes_per_token(w) == pytest.approx(9 * d_in)
+
+
+@pytest.mark.parametrize("settings, words", [
+    (dict(method="full"), "applies to LoRA/QLoRA"),
+    (dict(method="lora", dora=True), "DoRA with lora_dropout"),
+])
+def test_lora_dropout_refusals(settings, words):
+    with pytest.raises(InputError, match=words):
+        Workload(load_spec(str(TINY)), lora_dropout=True, **settings).validate()
+
+
+def test_lora_dropout_refused_on_fused_experts():
+    # peft's ParamWrapper (LoRA on fused expert parameters) raises for lora_dropout != 0
+    with pytest.raises(InputError, match="ParamWrapper"):
+        Workload(load_spec("qwen3-30b-a3b"), method="lora", lora_targets=("all-linear",), lora_dropout=True).validate()

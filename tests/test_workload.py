@@ -20,7 +20,7 @@ OTHER = spec_from_config(CFG, "tiny-other")           # same architecture, other
 CHANGES = {
     "model": OTHER, "method": "lora", "precision": "fp32", "optimizer": "sgd", "adamw_impl": "foreach",
     "batch": 2, "seq": 1024, "new_tokens": 5, "grad_accum": 4, "lora_rank": 8,
-    "lora_targets": ("q_proj", "k_proj"), "dora": True, "grad_ckpt": True, "attn": "eager", "quant": "int8",
+    "lora_targets": ("q_proj", "k_proj"), "dora": True, "lora_dropout": True, "grad_ckpt": True, "attn": "eager", "quant": "int8",
     "double_quant": False, "gpus": 2, "nodes": 2, "zero": 2, "offload": "optimizer", "tp": 2, "pp": 2, "ep": 2,
     "fsdp": "full", "kbit_prep": "off", "liger": True, "activation_offload": True, "compiled": True,
     "loss": "model-dtype", "padding_mask": True, "trainable_dtype": "model",

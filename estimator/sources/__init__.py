@@ -95,6 +95,24 @@ class Mapper:
         return self.reading
 
 
+def take_lora_dropout(m: Mapper, key: str, dora_key: str) -> None:
+    """peft's lora_dropout (a probability) -> Workload.lora_dropout: any p > 0 makes each adapted
+    linear keep its dropped-out copy and mask. With DoRA (its `dora_key` true) it is listed as not
+    modelled (DoRA recomputes the base output on the dropped-out input)."""
+    p = m.get(key, (int, float))
+    if p is None:
+        return
+    if isinstance(p, bool) or not 0 <= p < 1:
+        raise InputError(f"{m.name}: {key} must be a probability in [0, 1); got {p!r}"[:200])
+    if p == 0:
+        return
+    if m.data.get(dora_key) is True:
+        m.reading.unmodelled.append(f"{m.name}: {key} = {p!r} (DoRA with dropout recomputes the base output on "
+                                    f"the dropped-out input: modelled as lora_dropout 0)")
+        return
+    m.set("lora_dropout", True, key)
+
+
 def combine(readings: list[Reading]) -> Reading:
     """One Reading of several files; a field two files set to different values is an error."""
     out = Reading()

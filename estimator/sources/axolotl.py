@@ -9,11 +9,11 @@ from pathlib import Path
 
 from estimator.errors import InputError
 from estimator.workload import lora_targets_from_text
-from estimator.sources import Mapper, Reading
+from estimator.sources import Mapper, Reading, take_lora_dropout
 from estimator.sources.training_args import OPTIMIZERS, _absorb, _relative
 
 QUIET = ("base_model_config", "model_type", "tokenizer_type", "tokenizer_config", "trust_remote_code",
-         "datasets", "dataset_prepared_path", "val_set_size", "output_dir", "lora_alpha", "lora_dropout",
+         "datasets", "dataset_prepared_path", "val_set_size", "output_dir", "lora_alpha",
          "learning_rate", "lr_scheduler", "warmup_steps", "warmup_ratio", "weight_decay", "logging_steps",
          "saves_per_epoch", "evals_per_epoch", "save_steps", "eval_steps", "wandb_project", "wandb_entity",
          "wandb_name", "wandb_log_model", "wandb_watch", "special_tokens", "train_on_inputs", "group_by_length",
@@ -40,6 +40,10 @@ def read(config: dict, name: str = "axolotl recipe", base_dir: Path | None = Non
         raise InputError(f"{name}: adapter {adapter!r} is not modelled (lora, qlora or none)")
     m.take("lora_r", "lora_rank", int)
     m.take("peft_use_dora", "dora", bool)
+    if adapter in ("lora", "qlora"):
+        take_lora_dropout(m, "lora_dropout", "peft_use_dora")
+    else:
+        m.quiet("lora_dropout")
     if m.get("lora_target_linear", bool):
         m.set("lora_targets", lora_targets_from_text("all-linear"), "lora_target_linear")
     else:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 from estimator.errors import InputError
 from estimator.workload import lora_targets_from_text
-from estimator.sources import Mapper, Reading
+from estimator.sources import Mapper, Reading, take_lora_dropout
 from estimator.sources.training_args import QUIET as TRAINER_QUIET
 from estimator.sources.training_args import _absorb, workload_fields
 
 _OWN = ("model_name_or_path", "finetuning_type", "lora_rank", "lora_target", "quantization_bit",
-        "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "stage", "use_dora")
+        "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "stage", "use_dora", "lora_dropout")
 QUIET = ("template", "dataset", "dataset_dir", "max_samples", "overwrite_cache", "preprocessing_num_workers",
-         "lora_alpha", "lora_dropout", "trust_remote_code", "val_size", "plot_loss", "ddp_timeout",
+         "lora_alpha", "trust_remote_code", "val_size", "plot_loss", "ddp_timeout",
          "do_sample", "default_system", "tokenized_path", "mix_strategy", "rope_scaling", "use_unsloth")
 
 
@@ -45,6 +45,10 @@ def read(config: dict, name: str = "LLaMA-Factory recipe", base_dir: Path | None
     m.quiet("quantization_method")
     m.take("lora_rank", "lora_rank", int)
     m.take("use_dora", "dora", bool)
+    if kind == "lora":
+        take_lora_dropout(m, "lora_dropout", "use_dora")
+    else:
+        m.quiet("lora_dropout")
     target = m.get("lora_target", str)
     if target:
         m.set("lora_targets", lora_targets_from_text("all-linear" if target == "all" else target), "lora_target")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from estimator.errors import InputError
 from estimator.workload import lora_targets_from_text
-from estimator.sources import Mapper, Reading
+from estimator.sources import Mapper, Reading, take_lora_dropout
 
-QUIET = ("lora_alpha", "lora_dropout", "bias", "task_type", "base_model_name_or_path", "revision",
+QUIET = ("lora_alpha", "bias", "task_type", "base_model_name_or_path", "revision",
          "inference_mode", "fan_in_fan_out", "init_lora_weights", "use_rslora", "auto_mapping", "peft_version",
          "layers_to_transform", "layers_pattern", "rank_pattern", "alpha_pattern", "megatron_config",
          "megatron_core", "loftq_config", "layer_replication", "runtime_config", "lora_bias", "exclude_modules",
@@ -32,10 +32,6 @@ def read(config: dict, name: str = "adapter config") -> Reading:
         m.set("lora_targets", lora_targets_from_text(text), "target_modules")
     m.unmodelled("modules_to_save", "fully trained copies of these modules are not counted")
     m.take("use_dora", "dora", bool)
-    dropout = config.get("lora_dropout")
-    if config.get("use_dora") is True and isinstance(dropout, (int, float)) and not isinstance(dropout, bool) \
-            and dropout > 0:
-        m.unmodelled("lora_dropout", "DoRA with dropout recomputes the base output on the dropped-out input "
-                                     "(F.linear) and keeps the dropout's mask and output: modelled as lora_dropout 0")
+    take_lora_dropout(m, "lora_dropout", "use_dora")
     m.quiet(*QUIET)
     return m.finish()

@@ -108,6 +108,13 @@ def _stacks() -> list[Case]:
             ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024, grad_ckpt=True)),
             ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="qlora", quant="nf4", kbit_prep="off", batch=2, seq=1024))):
         cases.append(Case(model, dict(loss="hf-legacy", **settings), warmup=1, steps=1))
+    # peft's lora_dropout > 0 (--lora-dropout): each adapter's dropped-out copy of its input and mask
+    for model, settings in (
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", lora_targets="all-linear", batch=2, seq=1024)),
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", lora_targets="all-linear", trainable_dtype="model",
+                                             batch=2, seq=1024)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="qlora", quant="nf4", batch=2, seq=1024, grad_ckpt=True))):
+        cases.append(Case(model, dict(lora_dropout=True, **settings), warmup=1, steps=1))
     # activation offloading as TRL runs it (profiler/offload.py)
     for model, settings in (
             ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024)),
@@ -253,6 +260,10 @@ def describe(case: Case) -> str:
         parts.append("offload")
     if s.get("dora"):
         parts.append("dora")
+    if s.get("lora_dropout"):
+        parts.append("dropout")
+    if s.get("trainable_dtype"):
+        parts.append(f"trainable {s['trainable_dtype']}")
     if s.get("liger"):
         parts.append("liger")
     if s.get("lora_targets"):
