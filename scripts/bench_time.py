@@ -55,7 +55,7 @@ DEV_SET = Path(ROOT) / "calibrations" / "measurements" / "published" / "time.csv
 TIME_METRICS = ("step_s", "job_s", "prefill_s")           # seconds: time directly
 RATE_METRICS = ("decode_tokens_per_s_incl_prefill", "decode_tokens_per_s", "total_tokens_per_s")
 _INT = ("gpus", "nodes", "batch", "seq", "new_tokens", "grad_accum", "lora_rank", "zero", "tp")
-_BOOL = ("grad_ckpt", "compiled", "liger", "padding_mask")
+_BOOL = ("grad_ckpt", "compiled", "liger", "padding_mask", "lora_dropout")
 # the achieved fractions of estimator/data/mfu.csv before issue 11 (MFU applied to hardware FLOPs)
 BEFORE_MFU = {("full", "a100-80gb"): 0.55, ("full", "a100-40gb"): 0.5, ("full", "h100-80gb"): 0.4,
               "full": 0.4, "lora": 0.35, "qlora": 0.25, "inference-prefill": 0.45, "decode-bandwidth": 0.7}
