@@ -54,8 +54,8 @@ _PARTIAL_ROTARY = ("phi", "gpt_neox", "stablelm", "glm", "glm4", "glm4_moe", "ph
 _PLAIN_SOFTMAX = ("gpt2", "gpt_oss")      # eager softmax without dtype=float32
 _SOFTMAX_HIDDEN_DTYPE = ("falcon",)         # eager softmax in the hidden states' dtype
 # model types whose q/k RMSNorms Liger patches (liger-kernel 0.8.5 monkey_patch.py: Qwen3's and
-# Gemma-3's instance patches include self_attn.q_norm and k_norm; OLMo-2's do not)
-_LIGER_QK_NORM = ("qwen3", "qwen3_moe", "gemma3_text")
+# Gemma-3's and EXAONE-4's instance patches include self_attn.q_norm and k_norm; OLMo-2's do not)
+_LIGER_QK_NORM = ("qwen3", "qwen3_moe", "gemma3_text", "exaone4")
 # a 4-D mask on every layer, padded or not (transformers 5.23 FalconModel: create_causal_mask with
 # allow_is_causal_skip=False), so SDPA never gets is_causal alone
 _ALWAYS_4D_MASK = ("falcon",)

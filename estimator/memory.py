@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 from estimator import activations as act
 from estimator import dora, fp8
+from estimator.lora_targets import matched
 from estimator.activations import ActivationKey, activation_key
 from estimator.defaults import overhead
 from estimator.model import ModelSpec
@@ -392,12 +393,49 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         else:   # autocast keeps the half casts of every adapter weight used so far (trainable leaves)
             adapter_casts = 2 * (lora_params(w, params) - dora_params(w)) / (w.tp * w.pp) if _head_cast(w, sizes) else 0.0
             moments.append((below + transient + layer_casts + adapter_casts, layer_casts))
+    before_mlp, at_down = lora_transients(w)
+    if before_mlp or at_down:
+        # a LoRA path's output transient (`lora_transients`): in the forward of the last layer (with
+        # checkpointing, the recomputation of the first layer the backward reaches), before that
+        # layer's feed-forward block has saved anything, or at its down_proj, after
+        layer_casts = casts_fwd - _head_cast(w, sizes)
+        layer = below + (kept + per_token.layer * tokens if w.grad_ckpt else 0.0)
+        unsaved = act.mlp_bytes_per_token(key) * tokens
+        moments.append((layer + max(before_mlp - unsaved, at_down) + layer_casts, layer_casts))
     if w.fp8 and w.training:
         # a converted linear's backward in the first layer the backward reaches: every layer's saved
         # tensors (that layer's recomputed with checkpointing) and its fp8 casts (estimator.fp8)
         in_layer = below + kept + (per_token.layer * tokens if w.grad_ckpt else 0.0)
         moments.append((in_layer + casts_bwd + head_grad + fp8_workspace(w), casts_bwd))
     return moments
+
+
+def lora_transients(w: Workload) -> tuple[float, float]:
+    """LoRA: the largest transient of one adapted decoder linear's forward, bytes per GPU, (before
+    the feed-forward block has saved anything: the attention projections, gate and up; at down_proj,
+    after it has); (0, 0) without adapters, and with DoRA, whose own transient `dora_transient` is.
+    peft's Linear.forward (tuners/lora/layer.py) runs `result = result + lora_B(lora_A(dropout(x))) *
+    scaling`: at the add the base output (the linears' output dtype), lora_B's output times scaling
+    (the adapters' dtype; half under autocast) and their sum (the wider of the two: type promotion)
+    are alive together, over the linear's output width (a fused gate_up_proj: twice the intermediate
+    size). With Liger's loss (no logits) one of them can be the forward's peak."""
+    if w.method not in ("lora", "qlora") or w.dora or not w.training:
+        return 0.0, 0.0
+    key = _activation_key(w)
+    dt = act.dtypes(key)
+    out, adapter = dt.linear_out, (dt.compute if dt.autocast else key.adapter_bytes)
+    chain = out + adapter + max(out, adapter)
+    # the linear's own input is alive too where no adapter keeps it (fp32 adapters keep their casts,
+    # dropout its dropped-out copy)
+    shared = adapter == out and not key.lora_dropout and not dt.autocast
+
+    def moment(site) -> float:
+        return chain * site.d_out + (0 if shared else out * site.d_in)
+
+    sites = [s for s in matched(w.model, w.lora_targets) if s.kind == "linear"]
+    down = max((moment(s) for s in sites if "down_proj" in s.roles), default=0.0)
+    before = max((moment(s) for s in sites if "down_proj" not in s.roles), default=0.0)
+    return before * _scale(w), down * _scale(w)
 
 
 def dora_transient(w: Workload) -> float:

@@ -41,10 +41,13 @@ LIGER_PATCHED_TYPES = frozenset({
 # SmolLM3 and OLMo-2 (whose q/k norms Liger leaves as they are) at their catalog sizes, 2026-11-27;
 # Mixtral, Qwen3-MoE, DeepSeek-V2/V3 and Qwen3-Next, whose experts Liger 0.8.5 replaces with its
 # fused MoE kernel (ops/fused_moe.py; estimator.activations `_liger_moe`), and GPT-OSS (its RMSNorm
-# and loss; its clamped-SwiGLU experts stay transformers'), 2026-11-27 too)
+# and loss; its clamped-SwiGLU experts stay transformers'), 2026-11-27 too; GLM-4 (four RMSNorms per
+# layer, Phi-3's fused SwiGLU) and EXAONE-4 (its q/k norms patched too) traced at hidden 1024,
+# 2026-11-27. Still patched but not modelled: Granite (Liger's unfused cross_entropy on the logits,
+# its fused loss refuses Granite), Llama-4, Qwen2.5-VL and Qwen3-VL)
 LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
                                "smollm3", "olmo2", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-                               "qwen3_next", "gpt_oss"})
+                               "qwen3_next", "gpt_oss", "glm4", "exaone4"})
 
 
 @dataclass(frozen=True)

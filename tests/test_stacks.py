@@ -598,3 +598,51 @@ def test_lora_dropout_refused_on_fused_experts():
     # peft's ParamWrapper (LoRA on fused expert parameters) raises for lora_dropout != 0
     with pytest.raises(InputError, match="ParamWrapper"):
         Workload(load_spec("qwen3-30b-a3b"), method="lora", lora_targets=("all-linear",), lora_dropout=True).validate()
+
+
+# ---- Liger on GLM-4 and EXAONE-4; the LoRA path's forward transient --------------------------
+
+def _family_wide(name: str) -> dict:
+    """A family config (profiler/trace/families.py) widened so fixed-size buffers do not dominate."""
+    from profiler.trace.families import config
+
+    cfg = config(name)
+    cfg.update(hidden_size=1024, intermediate_size=2816, num_attention_heads=8, num_key_value_heads=2,
+               vocab_size=8192, head_dim=128)
+    return cfg
+
+
+@pytest.mark.parametrize("name, method", [("glm4", "full"), ("glm4", "lora"), ("exaone4", "full"),
+                                          ("exaone4", "lora")])
+def test_liger_on_glm4_and_exaone4_matches_the_trace(name, method):
+    """liger-kernel 0.8.5 apply_liger_kernel_to_glm4 (its four RMSNorms per layer, Phi-3's fused
+    SwiGLU, the fused loss) and apply_liger_kernel_to_exaone4 (its q/k norms too), traced with the
+    real kernels; without Liger's loss a LoRA forward's peak is an adapted linear's output transient."""
+    from estimator.memory import estimate_memory
+    from estimator.model import spec_from_config
+    from profiler.trace.families import attn, layer_count, lora_targets
+    from profiler.trace.step import trace
+
+    cfg = _family_wide(name)
+    mt = cfg["model_type"]
+    w = Workload(spec_from_config(dict(cfg), name), method=method, liger=True, attn=attn(mt),
+                 lora_targets=lora_targets(mt), batch=2, seq=1024).validate()
+    assert regime(w).liger
+    traced = trace(w, _family_wide(name), layers=layer_count(cfg))
+    _assert_close(w, traced, estimate_memory(w, 0.0, 0), 0.025)
+
+
+def test_lora_transient_by_hand():
+    from estimator.memory import lora_transients
+
+    # tiny-llama (hidden 64, intermediate 176), 1 x 256 tokens, all linears, fp32 adapters on bf16:
+    # at the add, the base output (2 B), lora_B's output times scaling (4 B) and their sum (4 B) over
+    # the output width, plus the linear's bf16 input (its fp32 cast is what the adapter keeps)
+    w = Workload(load_spec(str(TINY)), method="lora", lora_targets=("all-linear",), batch=1, seq=256).validate()
+    before, down = lora_transients(w)
+    assert before == 256 * (10 * 176 + 2 * 64)      # gate or up: 176 out, 64 in
+    assert down == 256 * (10 * 64 + 2 * 176)
+    # bf16 adapters: 2 + 2 + 2 B, and the input is the one the adapters keep (counted as saved)
+    m = w.with_(trainable_dtype="model")
+    assert lora_transients(m) == (256 * 6 * 176, 256 * 6 * 64)
+    assert lora_transients(w.with_(method="full")) == (0.0, 0.0)
