@@ -292,8 +292,8 @@ def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bo
 
 def adapter_bytes_per_token(w: Workload) -> float:
     """Forward bytes per token of peft's LoRA path (tuners/lora/layer.py Linear.forward:
-    x cast to the adapter dtype c, dropped out when lora_dropout > 0, lora_A reads it, lora_B writes c x d_out, x scaling, added to the
-    base output and cast back), summed over the targeted modules."""
+    x cast to the adapter dtype c, dropped out when lora_dropout > 0, lora_A reads it, lora_B writes
+    c x d_out, x scaling, added to the base output and cast back), summed over the targeted modules."""
     a, c = w.activation_dtype_bytes, regime(w).adapter_compute_bytes
     cast = (a + c) if c != a else 0
     dropout = (2 * c + 1) if w.lora_dropout else 0     # read x, write the copy and a 1-byte mask

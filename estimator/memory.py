@@ -41,9 +41,9 @@ from typing import NamedTuple
 
 from estimator import activations as act
 from estimator import dora, fp8
-from estimator.lora_targets import matched
 from estimator.activations import ActivationKey, activation_key
 from estimator.defaults import overhead
+from estimator.lora_targets import matched
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime

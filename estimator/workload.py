@@ -102,8 +102,8 @@ class Workload:
              "weight norm recomputed every forward, base and adapter outputs saved"))
     lora_dropout: bool = field(default=False, metadata=dict(
         help="LoRA/QLoRA with peft lora_dropout > 0 (any probability): each adapted linear keeps its own "
-             "dropped-out copy of its input for lora_A and a 1-byte mask (peft's default is 0; Axolotl and "
-             "many recipes use 0.05)"))
+             "dropped-out copy of its input for lora_A and a 1-byte mask (peft's default is 0; ms-swift's and "
+             "many recipes' 0.05)"))
     grad_ckpt: bool = field(default=False, metadata=dict(help="gradient checkpointing"))
     attn: str = field(default="sdpa", metadata=dict(help="attention implementation", choices=ATTENTIONS))
     quant: str = field(default="none", metadata=dict(

@@ -371,7 +371,7 @@ def _add_lora(model, w: Workload):
     if w.quant != "none" and regime(w).kbit_prep:   # --kbit-prep: what the stack does (estimator.regimes)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=w.grad_ckpt,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
-    # --lora-dropout: peft's dropout on each adapter's input (0.05: Axolotl's and many recipes' value)
+    # --lora-dropout: peft's dropout on each adapter's input (0.05: ms-swift's default, many recipes' value)
     config = LoraConfig(r=w.lora_rank, lora_alpha=2 * w.lora_rank, lora_dropout=0.05 if w.lora_dropout else 0.0,
                         bias="none",
                         target_modules=lora_module_names(model, w), task_type="CAUSAL_LM", use_dora=w.dora)
