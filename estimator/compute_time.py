@@ -254,9 +254,10 @@ def _attention_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, tr
     if w.attn != "eager":
         # the masked layers' keys go to the memory-efficient kernel, the others to FlashAttention-2
         # (each with the head dims its kernels compute with)
-        masked = sum(sdpa_mask_layers(spec, w.padding_mask, w.seq)) * w.seq if w.attn == "sdpa" else 0.0
-        flash = _kernel_flops_per_key(spec, flash_head_dim) * (fused_keys(w) - masked) / attention_fraction(gpu)
-        efficient = _kernel_flops_per_key(spec, mem_efficient_head_dim) * masked / mem_efficient_fraction(gpu)
+        masked_keys = sum(sdpa_mask_layers(spec, w.padding_mask, w.seq)) * w.seq if w.attn == "sdpa" else 0.0
+        flash = (_kernel_flops_per_key(spec, flash_head_dim) * (fused_keys(w) - masked_keys)
+                 / attention_fraction(gpu))
+        efficient = _kernel_flops_per_key(spec, mem_efficient_head_dim) * masked_keys / mem_efficient_fraction(gpu)
         return ((flash + efficient) * tokens * fused_passes(w, training) / peak
                 + sdpa_mask_bytes(w, tokens, training) / bandwidth(gpu)) / (w.tp * w.pp)
     # eager: full score matrix at the GEMM rate, plus its bytes: matmul out (a), x scaling (2a),

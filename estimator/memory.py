@@ -419,7 +419,8 @@ def lora_transients(w: Workload) -> tuple[float, float]:
     (the adapters' dtype; half under autocast) and their sum (the wider of the two: type promotion)
     are alive together, over the linear's output width (a fused gate_up_proj: twice the intermediate
     size). With Liger's loss (no logits) one of them can be the forward's peak."""
-    if w.method not in ("lora", "qlora") or w.dora or not w.training:
+    if w.method not in ("lora", "qlora") or w.dora or not w.training or getattr(w.model, "card_path", ""):
+        # (a structure card, estimator/cards.py, has no layer formulas: its traced moments stand)
         return 0.0, 0.0
     key = _activation_key(w)
     dt = act.dtypes(key)
