@@ -51,6 +51,11 @@ LOSSES = ("hf", "model-dtype", "hf-legacy")
 # states in the model's dtype (torchtune, LitGPT bf16-true, AnswerDotAI fsdp_qlora --precision bf16)
 TRAINABLE_DTYPES = ("auto", "model")
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")  # peft's default for Llama-style models
+# model types whose liger-kernel 0.8.5 patch cannot be imported under transformers 5.23: its
+# transformers/model/output_classes.py defines the Liger output class only when transformers'
+# one imports, so apply_liger_kernel_to_qwen2_5_vl / _qwen3_vl raise ImportError (checked in this
+# environment); the value is the missing transformers class
+LIGER_UNIMPORTABLE = {"qwen2_5_vl": "Qwen2_5_VLCausalLMOutputWithPast", "qwen3_vl": "Qwen3VLCausalLMOutputWithPast"}
 
 
 def lora_targets_from_text(text: str) -> tuple[str, ...]:
@@ -295,6 +300,10 @@ def _check_method(w: Workload) -> None:
                          "weights whatever the loop does; drop --trainable-dtype")
     if w.liger and w.loss != "hf":
         raise InputError("--liger replaces the loss with its fused linear cross-entropy: drop --loss")
+    if w.liger and w.model.model_type in LIGER_UNIMPORTABLE:
+        raise InputError(f"--liger: liger-kernel 0.8.5's patch for {w.model.model_type} fails to import under "
+                         f"transformers 5.23 (its output class subclasses {LIGER_UNIMPORTABLE[w.model.model_type]}, "
+                         "which transformers no longer defines), so use_liger_kernel=True stops there: drop --liger")
     if w.kbit_prep == "on" and (w.quant == "none" or not w.training):
         raise InputError("--kbit-prep on prepares a quantized base for training: use it with --method qlora "
                          "or --method lora --quant int8")

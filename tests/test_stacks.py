@@ -646,3 +646,22 @@ def test_lora_transient_by_hand():
     m = w.with_(trainable_dtype="model")
     assert lora_transients(m) == (256 * 6 * 176, 256 * 6 * 64)
     assert lora_transients(w.with_(method="full")) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("model_type, config", [("qwen2_5_vl", "Qwen--Qwen2.5-VL-7B-Instruct.json"),
+                                                ("qwen3_vl", "Qwen--Qwen3-VL-8B-Instruct.json")])
+def test_liger_patches_that_do_not_import_are_refused(model_type, config):
+    """liger-kernel 0.8.5 defines its VL output classes only when transformers' own import: under
+    transformers 5.23 they do not, so its patch (and use_liger_kernel=True) fails there."""
+    import importlib
+
+    from estimator.workload import LIGER_UNIMPORTABLE
+
+    classes = importlib.import_module("liger_kernel.transformers.model.output_classes")
+    assert not hasattr(classes, "Liger" + LIGER_UNIMPORTABLE[model_type])     # the library's own state
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    assert not hasattr(modeling, LIGER_UNIMPORTABLE[model_type])              # transformers' too
+    spec = load_spec(str(Path(__file__).resolve().parents[1] / "estimator" / "catalog" / config))
+    assert spec.model_type == model_type
+    with pytest.raises(InputError, match="fails to import"):
+        Workload(spec, method="lora", liger=True).validate()
