@@ -17,7 +17,8 @@ them. Each part is a roofline term: FLOPs over achieved peak, or bytes over achi
   (tensor contractions are 99.8 % of BERT's FLOPs but 61 % of its PyTorch runtime; normalisation and
   elementwise ops take the rest: Ivanov et al., "Data Movement Is All You Need", MLSys 2021, Table 2).
 - adapters: peft's LoRA path per targeted module (cast to the adapter dtype, two thin matmuls,
-  scaling, add, cast back) is memory-bound: bytes over bandwidth; DoRA adds its weight norm per
+  scaling, add, cast back) is memory-bound: bytes over bandwidth, its backward counted formula by
+  formula (not as twice the forward: `_adapter_sides`); DoRA adds its weight norm per
   forward pass (the identity through the adapters, the d_out x d_in sums) and its token-wide
   arithmetic (estimator.dora).
 - dequant: bitsandbytes dequantizes each quantized weight to the compute dtype every time it is used
@@ -291,20 +292,44 @@ def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bo
     return total / bandwidth(gpu) / (w.tp * w.pp)
 
 
-def adapter_bytes_per_token(w: Workload) -> float:
-    """Forward bytes per token of peft's LoRA path (tuners/lora/layer.py Linear.forward:
-    x cast to the adapter dtype c, dropped out when lora_dropout > 0, lora_A reads it, lora_B writes
-    c x d_out, x scaling, added to the base output and cast back), summed over the targeted modules."""
+def _adapter_sides(w: Workload, backward: bool) -> float:
+    """Bytes per token of peft's LoRA path over the targeted modules, forward or backward.
+
+    Forward (tuners/lora/layer.py Linear.forward): x cast to the adapter dtype c, dropped out when
+    lora_dropout > 0 (read x, write the copy and a 1-byte mask), lora_A reads it; lora_B writes
+    c x d_out, x scaling, added to the base output and cast back.
+    Backward, each autograd formula once (no pass multiplier: these are memory-bound, and their
+    backward moves about what the forward did): the cast back and the scaling's grad (c in, c out),
+    lora_B's input-gradient and weight-gradient GEMMs each read the output gradient; lora_A's
+    input-gradient GEMM writes c x d_in and its weight-gradient GEMM reads its saved input; the
+    dropout's grad (grad and mask in, grad out), the cast to the model dtype, and autograd adding
+    the adapter's input gradient to the base layer's (read two, write one)."""
     a, c = w.activation_dtype_bytes, regime(w).adapter_compute_bytes
     cast = (a + c) if c != a else 0
     dropout = (2 * c + 1) if w.lora_dropout else 0     # read x, write the copy and a 1-byte mask
     total = 0.0
     for site in matched(w.model, w.lora_targets):
-        # an embedding adapter looks up rank-wide rows of lora_embedding_A: no vocabulary-wide input
-        side_in = 0 if site.kind == "embedding" else (c + cast + dropout) * site.d_in
-        side_out = (c + 2 * c + a + c + max(a, c) + cast) * site.d_out
+        embedding = site.kind == "embedding"   # rank-wide rows of lora_embedding_A: no vocabulary-wide input
+        if backward:
+            side_in = 0 if embedding else (2 * c + dropout + cast + 3 * a) * site.d_in
+            side_out = (cast + 2 * c + 2 * c) * site.d_out
+        else:
+            side_in = 0 if embedding else (c + cast + dropout) * site.d_in
+            side_out = (c + 2 * c + a + c + max(a, c) + cast) * site.d_out
         total += side_in + side_out
     return total
+
+
+def adapter_bytes_per_token(w: Workload) -> float:
+    """Forward bytes per token of peft's LoRA path, summed over the targeted modules
+    (`_adapter_sides`)."""
+    return _adapter_sides(w, backward=False)
+
+
+def adapter_backward_bytes_per_token(w: Workload) -> float:
+    """Backward bytes per token of peft's LoRA path, summed over the targeted modules
+    (`_adapter_sides`)."""
+    return _adapter_sides(w, backward=True)
 
 
 def dora_bytes(w: Workload, tokens: float) -> float:
@@ -325,8 +350,9 @@ def dora_bytes(w: Workload, tokens: float) -> float:
 def _adapter_s(w: Workload, gpu: tables.GpuSpec, tokens: float) -> float:
     if w.method not in ("lora", "qlora"):
         return 0.0
-    passes = _passes(w)[0]
-    return (adapter_bytes_per_token(w) * tokens * passes + dora_bytes(w, tokens)) / bandwidth(gpu) / (w.tp * w.pp)
+    forwards = 2.0 if w.grad_ckpt else 1.0      # the recomputation runs the forward again
+    per_token = adapter_bytes_per_token(w) * forwards + adapter_backward_bytes_per_token(w)
+    return (per_token * tokens + dora_bytes(w, tokens)) / bandwidth(gpu) / (w.tp * w.pp)
 
 
 def dequant_bytes_per_use(w: Workload) -> float:

@@ -233,14 +233,24 @@ def test_elementwise_bytes_counted_from_the_decoder_layer(llama):
 
 
 def test_lora_adapters_stream_their_activations(llama):
-    from estimator.compute_time import adapter_bytes_per_token
+    from estimator.compute_time import adapter_backward_bytes_per_token, adapter_bytes_per_token
     w = Workload(llama, method="lora", lora_rank=16, lora_targets=("q_proj", "v_proj"), batch=1, seq=1024)
     # fp32 adapters on a bf16 model: cast in 6 B + read 4 B per input element; out: write 4, scale 8,
     # add 2 + 4 + 4, cast back 6 = 28 B per output element; q 4096 -> 4096, v 4096 -> 1024; 32 layers
     per_layer = (10 * 4096 + 28 * 4096) + (10 * 4096 + 28 * 1024)
     assert adapter_bytes_per_token(w) == 32 * per_layer
+    # backward, formula by formula: per input element lora_A's input gradient written (4) and its
+    # saved input read by the weight gradient (4), the cast back to bf16 (6), the sum with the base
+    # layer's input gradient (2 + 2 read, 2 written); per output element the cast to fp32 (6), the
+    # scaling's gradient (4 + 4) and lora_B's two gradient GEMMs reading it (4 + 4)
+    back_layer = (20 * 4096 + 22 * 4096) + (20 * 4096 + 22 * 1024)
+    assert adapter_backward_bytes_per_token(w) == 32 * back_layer
     t = estimate(w, "a100-80gb", "none").time
-    assert t.compute_parts["adapter_s"] == pytest.approx(32 * per_layer * 1024 * 3 / (A100_BW * 0.7))
+    assert t.compute_parts["adapter_s"] == pytest.approx(32 * (per_layer + back_layer) * 1024 / (A100_BW * 0.7))
+    ckpt = estimate(Workload(llama, method="lora", lora_rank=16, lora_targets=("q_proj", "v_proj"), batch=1,
+                             seq=1024, grad_ckpt=True), "a100-80gb", "none").time
+    assert ckpt.compute_parts["adapter_s"] == pytest.approx(32 * (2 * per_layer + back_layer) * 1024
+                                                            / (A100_BW * 0.7))
 
 
 def test_qlora_dequantizes_on_every_use(llama):
