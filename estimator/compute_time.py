@@ -1,10 +1,10 @@
 """Seconds of the kernels of one micro-batch on one GPU (docs/design.md section 4), split by what bounds
 them. Each part is a roofline term: FLOPs over achieved peak, or bytes over achieved bandwidth.
 
-- gemm: the matmuls of the decoder layers and lm_head. Each GEMM class is charged its FLOPs over
-  peak x HFU plus the bytes it streams (a x (MK + KN + MN)) over achieved bandwidth, so a GEMM whose
-  arithmetic intensity 2MNK / (a (MK + KN + MN)) approaches the GPU's ops:byte ratio runs at a lower
-  fraction of peak (NVIDIA Deep Learning Performance, "Matrix Multiplication Background User's Guide":
+- gemm: the matmuls of the decoder layers and lm_head. Each GEMM class is charged the longer of
+  its FLOPs over peak x HFU and the bytes it streams (a x (MK + KN + MN)) over achieved bandwidth,
+  so a GEMM whose arithmetic intensity 2MNK / (a (MK + KN + MN)) falls below the GPU's ops:byte
+  ratio runs at a lower fraction of peak (NVIDIA Deep Learning Performance, "Matrix Multiplication Background User's Guide":
   math-limited when intensity > ops:byte ratio, memory-limited below). Small hidden sizes, small
   micro-batches and MoE experts (M = tokens x top_k / experts) fall toward the memory limit.
 - attention: causal kernels (SDPA, FlashAttention) skip the masked half of the score FLOPs and run at
@@ -75,12 +75,16 @@ def bandwidth(gpu: tables.GpuSpec) -> float:
 
 
 def gemm_slowdown(m: float, k: float, n: float, a: float, peak: float, hfu: float, bw: float) -> float:
-    """Time of an M x K x N GEMM over its compute-bound time: 1 + ridge / intensity, with
-    intensity = 2MKN / (a (MK + KN + MN)) FLOPs per byte and ridge = achieved FLOP/s / achieved B/s."""
+    """Time of an M x K x N GEMM over its compute-bound time: max(1, ridge / intensity), with
+    intensity = 2MKN / (a (MK + KN + MN)) FLOPs per byte and ridge = achieved FLOP/s / achieved B/s.
+    The roofline's max, not a sum: attainable FLOP/s = min(peak, intensity x bandwidth) (Williams,
+    Waterman and Patterson, "Roofline", CACM 2009): a GEMM's operand traffic overlaps its math, so
+    it takes the longer of the two; and the GEMM level `hfu` was measured on large matmuls whose
+    traffic is already inside their time (estimator/data/mfu.csv), so adding it again counted it twice."""
     if m <= 0:
         return 1.0
     intensity = 2.0 * m * k * n / (a * (m * k + k * n + m * n))
-    return 1.0 + (peak * hfu / bw) / intensity
+    return max(1.0, (peak * hfu / bw) / intensity)
 
 
 def attention_fraction(gpu: tables.GpuSpec) -> float:

@@ -89,14 +89,17 @@ def test_recompute_is_charged_once(llama):
     plain = estimate(Workload(llama, batch=2, seq=2048), "h100-80gb", "none")
     ckpt = estimate(Workload(llama, batch=2, seq=2048, grad_ckpt=True), "h100-80gb", "none")
     peak, hfu, tokens = 989.4e12, 0.803, 2 * 2048   # mfu.csv gemm,h100-80gb: MAMF 794.5 / 989
-    slow = 1 + (peak * hfu / (H100_BW * 0.7)) / (4096 / 3)   # GEMM 4096 x 4096 x 4096: intensity 4096/3
+    ridge = peak * hfu / (H100_BW * 0.7)              # 339 FLOP/B
+    assert 4096 / 3 > ridge     # GEMM 4096 x 4096 x 4096: intensity 4096/3, math-bound (no penalty)
+    slow = 1.0
     layers = LLAMA8B_PARAMS - 2 * 128256 * 4096 - 65 * 4096   # embedding, lm_head and the 65 norms out
     head = 128256 * 4096
     # hand: 3 passes (forward, input and weight gradients) of the layers, plus a recomputed forward
     gemm_plain = 6 * layers * tokens * slow / (peak * hfu)
-    assert plain.time.compute_parts["gemm_s"] == pytest.approx(gemm_plain + 6 * head * tokens * (
-        1 + (peak * hfu / (H100_BW * 0.7)) * 2 * (4096 * 4096 + 4096 * 128256 + 4096 * 128256)
-        / (2 * 4096 * 4096 * 128256)) / (peak * hfu), rel=1e-6)
+    # the lm_head's 4096 x 4096 x 128256 GEMM is math-bound too
+    assert 2 * 4096 * 4096 * 128256 / (2 * (4096 * 4096 + 4096 * 128256 + 4096 * 128256)) > ridge
+    assert plain.time.compute_parts["gemm_s"] == pytest.approx(gemm_plain + 6 * head * tokens / (peak * hfu),
+                                                               rel=1e-6)
     assert (ckpt.time.compute_parts["gemm_s"] - plain.time.compute_parts["gemm_s"]
             == pytest.approx(gemm_plain / 3, rel=1e-6))
     # the reported MFU is on model FLOPs: the same FLOPs, a longer step
@@ -107,11 +110,15 @@ def test_recompute_is_charged_once(llama):
 def test_small_gemms_reach_a_lower_fraction_of_peak():
     from estimator.compute_time import gemm_slowdown
     ridge = 989.4e12 * 0.4 / (H100_BW * 0.7)                  # 168.8 FLOP/B on H100 at these fractions
-    assert gemm_slowdown(4096, 4096, 4096, 2, 989.4e12, 0.4, H100_BW * 0.7) == pytest.approx(1 + ridge / (4096 / 3))
+    # a large GEMM is math-bound: intensity 4096 / 3 = 1365 FLOP/B > ridge, no penalty
+    assert gemm_slowdown(4096, 4096, 4096, 2, 989.4e12, 0.4, H100_BW * 0.7) == 1.0
     # 512 tokens through a 1024-wide layer: intensity 2*512*1024*1024 / (2*(512*1024*2 + 1024*1024)) = 256
-    small = gemm_slowdown(512, 1024, 1024, 2, 989.4e12, 0.4, H100_BW * 0.7)
-    assert small == pytest.approx(1 + ridge / 256)
-    assert small > 1.6 > 1.13 > gemm_slowdown(4096, 4096, 4096, 2, 989.4e12, 0.4, H100_BW * 0.7)
+    assert gemm_slowdown(512, 1024, 1024, 2, 989.4e12, 0.4, H100_BW * 0.7) == 1.0
+    # 64 tokens through a 4096-wide layer: 2*64*4096**2 / (2*(2*64*4096 + 4096**2)) = 62.06 FLOP/B:
+    # memory-bound, the weight's read takes ridge / intensity times its math time
+    small = gemm_slowdown(64, 4096, 4096, 2, 989.4e12, 0.4, H100_BW * 0.7)
+    assert small == pytest.approx(ridge / (64 * 4096 ** 2 / (2 * 64 * 4096 + 4096 ** 2)))
+    assert 2.7 < small < 2.75
 
 
 def test_causal_attention_runs_half_the_scores_at_the_flash_fraction(llama):
