@@ -401,8 +401,8 @@ def hfu_terms(w: Workload, gpu: tables.GpuSpec) -> tuple[float, float]:
     part is either FLOPs over peak x h or independent of h (a memory-bound GEMM class: its bytes over
     bandwidth), so two evaluations give both. Exact while no GEMM class crosses its ridge between
     h = 0.5 and 1 (`gemm_slowdown`): with thousands of tokens a layer GEMM's intensity is about
-    KN / (K + N) FLOP/B per byte of its dtype (448 at hidden 896, 2048 at 4096 in bf16), above the
-    ridges (200-420 FLOP/B on the A100 and H100). The fitting inverts it: h = work / (peak x (measured - fixed_s))."""
+    2KN / (a (K + N)) FLOP/B (bf16: 448 at hidden 896, 2048 at 4096), above the ridges (200-420
+    FLOP/B on the A100 and H100). The fitting inverts it: h = work / (peak x (measured - fixed_s))."""
     t1 = compute_parts(w, gpu, 1.0).total_s
     t_half = compute_parts(w, gpu, 0.5).total_s
     return (t_half - t1) * gpu.peak_flops(w.compute_dtype), 2.0 * t1 - t_half
