@@ -46,6 +46,7 @@ from scipy.optimize import least_squares
 
 from estimator.calibration import TRACE_GPU, size_bucket
 from estimator.defaults import overhead, time_constant
+from estimator.tables import GEMM_LEVEL_MAX
 
 MIN_POINTS = 3          # a factor needs at least this many measurements that bind it
 LAUNCH_MARGIN = 1.1     # a training step whose compute is within this factor of its launch floor is launch-bound
@@ -319,7 +320,7 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     achieved = train["hw_flops"] / (train["peak_flops"] * busy)
     sizes = train["params_active"].map(size_bucket)
     for keys in (train["method"] + "|" + sizes, train["method"]):
-        m, n = _median_by(achieved, keys, 0.01, 0.99)
+        m, n = _median_by(achieved, keys, 0.01, GEMM_LEVEL_MAX)
         mfu.update(m)
         points.update(n)
     inf = frame[~frame["training"] & frame["m_prefill_s"].notna()]
@@ -328,7 +329,7 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
         achieved = inf["prefill_flops"] / (inf["peak_flops"] * (inf["m_prefill_s"] - inf["compute_fixed_s"]))
         name = pd.Series("inference-prefill", index=inf.index)
         for keys in (name + "|" + inf["params_active"].map(size_bucket), name):
-            m, n = _median_by(achieved, keys, 0.01, 0.99)
+            m, n = _median_by(achieved, keys, 0.01, GEMM_LEVEL_MAX)
             mfu.update(m)
             points.update(n)
     if mfu:

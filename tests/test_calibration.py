@@ -373,3 +373,17 @@ def test_a_table_fitted_on_other_library_versions_is_flagged(table_file, llama):
     table_file.write_text(json.dumps(other))
     flagged = [t for t in estimate(w, GPU, str(table_file)).warnings if "fitted with" in t]
     assert flagged == [f"calibration fitted with transformers 4.0.0; this run has {here['transformers']}"]
+
+
+def test_a_fitted_gemm_level_may_pass_the_rated_peak_like_the_table(tmp_path, llama):
+    # the calibration's mfu is the GEMM level mfu.csv holds: a GeForce card's measured matmul rate
+    # passes its rated peak (RTX 3090 1.06), so a fitted table may say so too, up to the same cap
+    from estimator.tables import GEMM_LEVEL_MAX
+    w = Workload(llama, method="lora", batch=2, seq=2048)
+    path = _write(tmp_path, {"schema": SCHEMA, "gpu": "rtx3090-24gb", "factors": {"mfu": {"lora": 1.08}}})
+    est = estimate(w, "rtx3090-24gb", path)
+    assert est.corrections["mfu"] == {"value": 1.08, "from": "calibration (lora)"}
+    assert estimate(w, "rtx3090-24gb", "none").corrections["mfu"]["value"] == 1.06
+    path = _write(tmp_path, {"schema": SCHEMA, "gpu": "rtx3090-24gb", "factors": {"mfu": {"lora": GEMM_LEVEL_MAX + 0.01}}})
+    with pytest.raises(InputError, match=r"mfu\[lora\]"):
+        estimate(w, "rtx3090-24gb", path)
