@@ -384,6 +384,7 @@ def test_a_fitted_gemm_level_may_pass_the_rated_peak_like_the_table(tmp_path, ll
     est = estimate(w, "rtx3090-24gb", path)
     assert est.corrections["mfu"] == {"value": 1.08, "from": "calibration (lora)"}
     assert estimate(w, "rtx3090-24gb", "none").corrections["mfu"]["value"] == 1.06
-    path = _write(tmp_path, {"schema": SCHEMA, "gpu": "rtx3090-24gb", "factors": {"mfu": {"lora": GEMM_LEVEL_MAX + 0.01}}})
+    too_high = {"mfu": {"lora": GEMM_LEVEL_MAX + 0.01}}
+    path = _write(tmp_path, {"schema": SCHEMA, "gpu": "rtx3090-24gb", "factors": too_high})
     with pytest.raises(InputError, match=r"mfu\[lora\]"):
         estimate(w, "rtx3090-24gb", path)
