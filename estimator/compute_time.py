@@ -152,7 +152,7 @@ def loss_bytes_per_token(spec: ModelSpec, a: int, liger: bool) -> float:
     return 0.0 if liger else spec.vocab_size * (2 * a + 24)
 
 
-def _passes(w: Workload) -> tuple[float, float]:
+def gemm_passes(w: Workload) -> tuple[float, float]:
     """(passes of a trained op, passes of a frozen op) over the layers: fwd + bwd (+ recompute)."""
     re = 1.0 if w.grad_ckpt else 0.0
     return 3.0 + re, 2.0 + re
@@ -180,7 +180,7 @@ def _gemm_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, trainin
             + 2.0 * active_experts * tokens * slow(expert_tokens, d, spec.moe_intermediate_size or d))
     head_work = 2.0 * head * head_tokens * slow(head_tokens, spec.embed_dim, spec.vocab_size)
     if training:
-        trained, frozen = _passes(w)
+        trained, frozen = gemm_passes(w)
         layer_passes = trained if w.method == "full" else frozen
         work = work * layer_passes + head_work * (3.0 if w.method == "full" else 2.0)
     else:
@@ -251,7 +251,7 @@ def _attention_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, tr
                  off: frozenset) -> float:
     spec = w.model
     a, peak = w.activation_dtype_bytes, gpu.peak_flops(w.compute_dtype)
-    passes = _passes(w)[0] if training else 1.0
+    passes = gemm_passes(w)[0] if training else 1.0
     if "causal_attention" in off:
         fwd = attention_flops_per_token(spec, w.seq) * tokens
         return fwd * passes / (peak * hfu) / (w.tp * w.pp)
@@ -292,7 +292,7 @@ def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bo
     layer = layer_elementwise_bytes(spec, a, liger) * spec.num_layers * tokens
     if not training:
         return layer / bandwidth(gpu) / (w.tp * w.pp)
-    total = layer * _passes(w)[0] + loss_bytes_per_token(spec, a, liger) * tokens + fp8_cast_bytes(w, tokens)
+    total = layer * gemm_passes(w)[0] + loss_bytes_per_token(spec, a, liger) * tokens + fp8_cast_bytes(w, tokens)
     return total / bandwidth(gpu) / (w.tp * w.pp)
 
 
@@ -348,7 +348,7 @@ def dora_bytes(w: Workload, tokens: float) -> float:
     forwards = 2.0 if w.grad_ckpt else 1.0
     norm = dora.forward_bytes(w.model, w.lora_targets, w.lora_rank, dt)
     arithmetic = dora.token_bytes_per_out(dt) * dora.outs_all(w.model, w.lora_targets) * tokens
-    return forwards * norm + _passes(w)[0] * arithmetic
+    return forwards * norm + gemm_passes(w)[0] * arithmetic
 
 
 def _adapter_s(w: Workload, gpu: tables.GpuSpec, tokens: float) -> float:

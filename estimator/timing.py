@@ -15,9 +15,13 @@ compute = grad_accum x max(roofline of the micro-batch, its launch floor: operat
   micro-batch ((n-1)/n x G) and all-gather the updated weights after the step; ZeRO-3 all-gathers
   every weight in the forward and again in the backward of every micro-batch (2(n-1)/n x P, the
   frozen base of LoRA/QLoRA included, in its stored dtype) and reduce-scatters the gradients;
-- prefetch hides the overlappable traffic behind compute: exposed = max(0, overlappable -
-  compute) + the tail (`comm_tail_layers` layers' traffic) + what runs after the backward (ZeRO
-  1/2's weight all-gather);
+- prefetch hides the overlappable traffic behind compute, each collective within the compute
+  it can overlap: the gathers (and the parameter-offload copies) behind the whole step's compute,
+  a gradient reduction only behind the backward of its micro-batch (DDP's all-reduce and FSDP's
+  reduce-scatter under no_sync run once, in the last micro-batch's backward; DeepSpeed reduces in
+  every micro-batch's). exposed = max(what the link carries beyond the step's compute, what the
+  reductions carry beyond their backward windows) + the tail (`comm_tail_layers` layers'
+  traffic) + what runs after the backward (ZeRO 1/2's weight all-gather);
 - optimizer step: bytes of weights, gradients, optimizer states and master weights it reads and
   writes, over achieved memory bandwidth (elementwise, memory-bound).
 Inference = prefill (compute-bound, never under the launch floor) + new_tokens decode steps; a
@@ -34,7 +38,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from estimator import tables
-from estimator.compute_time import compute_parts
+from estimator.compute_time import compute_parts, gemm_passes
 from estimator.defaults import time_constant
 from estimator.fp8 import converted_weights
 from estimator.flops import attention_flops_per_token, decode_flops_per_token, prefill_flops, training_flops
@@ -99,13 +103,21 @@ class Comm:
     overlappable_s: float   # can hide behind compute (prefetched gathers, bucketed reductions)
     tail_s: float           # cannot: the first gather and the last reduction
     after_s: float          # runs after the backward (ZeRO 1/2 weight all-gather)
+    reduce_s: float = 0.0   # of overlappable_s: one gradient reduction, hidden only in a backward
+    reduces: int = 0        # gradient reductions per step (1 under no_sync, grad_accum for DeepSpeed)
 
     @property
     def total_s(self) -> float:
         return self.overlappable_s + self.tail_s + self.after_s
 
-    def exposed_s(self, compute_s: float) -> float:
-        return max(0.0, self.overlappable_s - compute_s) + self.tail_s + self.after_s
+    def exposed_s(self, compute_s: float, backward_s: float | None = None) -> float:
+        """Seconds not hidden: the link busy beyond the step's compute (`compute_s`), or the
+        reductions beyond the backward of their micro-batch (`backward_s`; None: the whole
+        compute), whichever is more, plus the tail and what runs after the backward."""
+        link = max(0.0, self.overlappable_s - compute_s)
+        window = compute_s if backward_s is None else backward_s
+        reductions = self.reduces * max(0.0, self.reduce_s - window)
+        return max(link, reductions) + self.tail_s + self.after_s
 
 
 def _gathered_bytes(w: Workload) -> float:
@@ -150,24 +162,27 @@ def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str, off: frozen
         n = max(1, regime(w).fsdp_shard)
     ring = (n - 1) / n
     bw, hop = link.bandwidth_bytes_per_s, 2 * (n - 1) * link.latency_s
-    after = 0.0
+    after = gathered = 0.0
     if _sharded(w) or w.fsdp == "grad-op":
         gathers = 1.0 if w.fsdp == "grad-op" else 2.0    # grad-op keeps the forward's gather for the backward
         reduces = 1 if (w.fsdp != "none" and k > 1) else k   # accelerate's no_sync under FSDP
-        total = (k * gathers * ring * _gathered_bytes(w) + reduces * ring * grad) / bw + k * 3 * hop
+        gathered = k * gathers * ring * _gathered_bytes(w) / bw + k * 2 * hop
+        one = ring * grad / bw + k * hop / reduces
     elif w.zero in (1, 2):
-        total = k * (ring * grad / bw + hop)
+        reduces, one = k, ring * grad / bw + hop
         after = ring * grad / bw + hop      # the updated weights' all-gather, after the step
     else:
-        total = 2.0 * ring * grad / bw + hop
-    if hybrid:   # replicas all-reduce their gradient shard over the inter-node link
+        reduces, one = 1, 2.0 * ring * grad / bw + hop     # DDP: one all-reduce (no_sync before it)
+    if hybrid:   # replicas all-reduce their gradient shard over the inter-node link, after each reduce-scatter
         inter = tables.interconnect(inter_node)
         r = w.dp // n
-        total += 2.0 * (r - 1) / r * grad / n / inter.bandwidth_bytes_per_s + 2 * (r - 1) * inter.latency_s
+        one += 2.0 * (r - 1) / r * grad / n / inter.bandwidth_bytes_per_s + 2 * (r - 1) * inter.latency_s / reduces
     if w.offload == "optimizer+params" and "offload" not in off:   # each shard copied to the GPU per gather
-        total += k * 2.0 * _gathered_bytes(w) / w.dp / host_link(gpu).bandwidth_bytes_per_s
+        gathered += k * 2.0 * _gathered_bytes(w) / w.dp / host_link(gpu).bandwidth_bytes_per_s
+    total = gathered + reduces * one
     tail = min(total, total / w.model.num_layers * time_constant("comm_tail_layers"))
-    return Comm(total - tail, tail, after)
+    keep = (total - tail) / total if total > 0 else 0.0     # the tail taken evenly from both
+    return Comm(total - tail, tail, after, reduce_s=one * keep, reduces=reduces)
 
 
 def comm_seconds(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> float:
@@ -205,6 +220,16 @@ def optimizer_seconds(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown,
     return moved / (gpu.memory_bandwidth_bytes_per_s * time_constant("optimizer_bandwidth_fraction"))
 
 
+def backward_share(w: Workload) -> float:
+    """The share of a micro-batch's compute its backward takes (the window a gradient reduction
+    can hide in): the GEMM passes after the forward over all of them (`compute_time.gemm_passes`:
+    input and weight gradients of a trained GEMM, the input gradient of a frozen one, the
+    recomputed forward under checkpointing, which runs inside the backward)."""
+    trained, frozen = gemm_passes(w)
+    passes = trained if w.method == "full" else frozen
+    return (passes - 1.0) / passes
+
+
 def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreakdown,
                inter_node: str, off: frozenset = frozenset(), host_s_per_op: float | None = None) -> TimeBreakdown:
     """`off`: mechanisms left out (estimator.compute_time names, "hybrid", "offload", "launch_floor";
@@ -214,9 +239,10 @@ def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreak
     peak = peak_flops(gpu, w)
     parts = compute_parts(w, gpu, hfu, off)
     floor = 0.0 if "launch_floor" in off else launch_floor_seconds(w, host_s_per_op)
-    compute = w.grad_accum * max(parts.total_s, floor)
+    micro_batch = max(parts.total_s, floor)
+    compute = w.grad_accum * micro_batch
     comm = communication(w, gpu, inter_node, off)
-    exposed = comm.exposed_s(compute)
+    exposed = comm.exposed_s(compute, micro_batch * backward_share(w))
     opt = optimizer_seconds(w, gpu, memory, off)
     overhead = time_constant("step_overhead_s")
     step = compute + exposed + opt + overhead

@@ -389,3 +389,32 @@ def test_bench_implied_hfu_gives_back_the_table_level_on_the_estimators_own_time
     pest = estimate(p, "a100-80gb", "none")
     prow = {"metric": "prefill_s", "value": str(pest.time.prefill_s), "gpu_slug": "a100-80gb"}
     assert bench.implied_hfu(prow, p, pest) == pytest.approx(0.869)
+
+
+def test_ddp_reduction_hides_only_in_the_last_backward(llama):
+    # DDP under accumulation all-reduces once, in the last micro-batch's backward (no_sync before it):
+    # the 8 micro-batches' compute does not hide it, only that backward (2/3 of a micro-batch: input
+    # and weight gradients of the 3 GEMM passes). bf16 gradients of 8.03B parameters between 2 RTX
+    # 4090s over PCIe 4.0 x16 (32 GB/s): 2 x 1/2 x 16.06 GB / 32e9 = 0.502 s plus one 5 us hop.
+    w = Workload(llama, gpus=2, batch=1, seq=512, grad_accum=8)
+    t = estimate(w, "rtx4090-24gb", "none").time
+    total = 2 * 0.5 * 2 * LLAMA8B_PARAMS / 32e9 + 2 * 1 * 5e-6
+    assert t.comm_s == pytest.approx(total, rel=1e-9)
+    tail = total * 2 / 32                                  # comm_tail_layers of 32 layers
+    micro_batch = t.compute_s / 8
+    hand = max(0.0, (total - tail) - 2 / 3 * micro_batch) + tail
+    assert t.exposed_comm_s == pytest.approx(hand, rel=1e-9)
+    assert t.exposed_comm_s > tail          # the whole step's compute would have hidden all but the tail
+    # checkpointing: the recomputed forward runs inside the backward, a wider window (3/4)
+    c = estimate(w.with_(grad_ckpt=True), "rtx4090-24gb", "none").time
+    assert c.exposed_comm_s == pytest.approx(max(0.0, (total - tail) - 3 / 4 * c.compute_s / 8) + tail, rel=1e-9)
+
+
+def test_gathers_hide_behind_the_whole_step_and_reductions_behind_their_backward(llama):
+    from estimator.timing import Comm
+    comm = Comm(overlappable_s=3.0, tail_s=0.1, after_s=0.2, reduce_s=1.0, reduces=1)
+    assert comm.exposed_s(compute_s=10.0, backward_s=0.4) == pytest.approx(0.6 + 0.1 + 0.2)
+    assert comm.exposed_s(compute_s=2.0, backward_s=1.5) == pytest.approx(1.0 + 0.1 + 0.2)  # link-bound
+    assert comm.exposed_s(compute_s=10.0) == pytest.approx(0.3)        # no window given: the whole compute
+    four = Comm(overlappable_s=4.0, tail_s=0.0, after_s=0.0, reduce_s=1.0, reduces=4)    # DeepSpeed: each micro-batch
+    assert four.exposed_s(compute_s=20.0, backward_s=0.75) == pytest.approx(4 * 0.25)
