@@ -349,9 +349,18 @@ def _ddp(model, device: str):
 
 def _train_phases(model, optimizer, batch, w: Workload, device: str) -> list:
     """[forward and backward of every micro-batch, optimizer step]: steps.train_step in two timed
-    phases, so that the optimizer step is measured on its own (`optimizer_s`)."""
+    phases, so that the optimizer step is measured on its own (`optimizer_s`). Where the model
+    reduces gradients across ranks and accumulates (DDP, FSDP with grad_accum > 1), three: the
+    micro-batches in no_sync, the last one (whose backward reduces), the optimizer step, so that
+    the exposed reduction is measured (`nosync_microbatch_s`, `sync_microbatch_s`); the same work
+    in the same order either way."""
     device_type = device.split(":")[0]
-    return [lambda: steps.forward_backward(model, batch, w, device_type), lambda: steps.optimizer_step(optimizer)]
+    k = w.grad_accum
+    step = lambda: steps.optimizer_step(optimizer)  # noqa: E731
+    if k > 1 and steps.syncs_gradients(model):
+        return [lambda: steps.micro_batches(model, batch, w, device_type, range(k - 1)),
+                lambda: steps.micro_batches(model, batch, w, device_type, [k - 1]), step]
+    return [lambda: steps.forward_backward(model, batch, w, device_type), step]
 
 
 def _inference_phases(model, batch, w: Workload, device: str) -> list:
@@ -409,8 +418,11 @@ def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict
            "host_offload_bytes": offload() if offload else None}
     if not w.training:
         row.update(measure.inference_split(w, measured.phase_s))
-    elif len(measured.phase_s) == 2:            # forward/backward, optimizer step (not DeepSpeed's)
-        row["optimizer_s"] = float(measured.phase_s[1])
+    elif len(measured.phase_s) >= 2:            # forward/backward, optimizer step (not DeepSpeed's)
+        row["optimizer_s"] = float(measured.phase_s[-1])
+        if len(measured.phase_s) == 3:          # no_sync micro-batches, the reducing one (_train_phases)
+            row["nosync_microbatch_s"] = float(measured.phase_s[0]) / (w.grad_accum - 1)
+            row["sync_microbatch_s"] = float(measured.phase_s[1])
     row.update(measure.rates(w, measured.step_s, env["gpu_slug"]))
     # an ok row says when the allocator retried and when DeepSpeed's FusedAdam was replaced by AdamW
     notes = [measured.retry_warning(), zero.adam_fallback(w, device) if w.zero else None]

@@ -40,7 +40,14 @@ def optimizer_step(optimizer) -> None:
 
 def forward_backward(model, batch: Batch, w: Workload, device_type: str) -> None:
     """The forward and backward of every micro-batch of `train_step`."""
-    for index in range(w.grad_accum):
+    micro_batches(model, batch, w, device_type, range(w.grad_accum))
+
+
+def micro_batches(model, batch: Batch, w: Workload, device_type: str, indices) -> None:
+    """The forward and backward of the micro-batches `indices` of `train_step` (0 .. grad_accum - 1;
+    the last one reduces the gradients, the others run in no_sync): the profiler times the no_sync
+    ones and the last apart (`syncs_gradients`)."""
+    for index in indices:
         with _sync_context(model, last=index == w.grad_accum - 1):
             if w.loss == "model-dtype":
                 _own_loss_step(model, batch, w, device_type)
@@ -53,6 +60,15 @@ def forward_backward(model, batch: Batch, w: Workload, device_type: str) -> None
                              use_cache=False).loss
             (loss / w.grad_accum).backward()
             del loss
+
+
+def syncs_gradients(model) -> bool:
+    """Whether `model` reduces gradients across ranks in its backward, skipped under no_sync
+    (DistributedDataParallel, an FSDP2 module)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(model, (DistributedDataParallel, FSDPModule))
 
 
 def _own_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:

@@ -1,4 +1,4 @@
-"""The profiler builds FSDP2 (`fully_shard`) and activation offloading for real (profiler/fsdp.py),
+"""The profiler builds FSDP2 (`fully_shard`), DDP and activation offloading for real (profiler/fsdp.py),
 run through the child (profiler/child.py) on CPU under gloo.
 
 Expectations come from torch's own rules, not from the code under test: FSDP2 shards every
@@ -204,3 +204,26 @@ def test_fsdp_gradient_accumulation_row_is_ok(tmp_path):
                                         "grad_accum": 2}, 1, 1)
     rows = _run_child(tmp_path, case, 2)
     assert [row["status"] for row in rows] == ["ok", "ok"], rows[0].get("message")
+
+
+@pytest.mark.parametrize("parallel", [{}, {"fsdp": "full"}])
+def test_two_ranks_accumulating_time_the_reducing_micro_batch_apart(tmp_path, parallel):
+    # DDP and FSDP under accumulation: the micro-batches in no_sync and the last one (whose backward
+    # reduces the gradients across the ranks) are timed apart, the same work in the same order
+    settings = {"gpus": 2, "seq": 16, "grad_accum": 3, "precision": "bf16", **parallel}
+    rows = _run_child(tmp_path, Case(str(TINY), settings, 1, 2), 2)
+    for row in rows:
+        assert row["status"] == "ok", row.get("message")
+        assert row["nosync_microbatch_s"] > 0 and row["sync_microbatch_s"] > 0
+        assert 0 < row["optimizer_s"] < row["step_s"]
+        assert 2 * row["nosync_microbatch_s"] + row["sync_microbatch_s"] < row["step_s_max"] * 1.5
+
+
+def test_one_process_or_no_accumulation_leaves_the_reduction_unmeasured(tmp_path):
+    # one process reduces nothing; two ranks without accumulation have no no_sync micro-batch
+    (one,) = _run_child(tmp_path, Case(str(TINY), {"seq": 16, "grad_accum": 2}, 1, 1), 1)
+    rows = _run_child(tmp_path, Case(str(TINY), {"gpus": 2, "seq": 16}, 1, 1), 2)
+    for row in [one] + rows:
+        assert row["status"] == "ok", row.get("message")
+        assert row["nosync_microbatch_s"] is None and row["sync_microbatch_s"] is None
+        assert row["optimizer_s"] > 0
