@@ -179,7 +179,8 @@ def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBre
     hfu = corrections["mfu"]["value"]   # achieved fraction on hardware FLOPs (estimator.timing)
     if w.training:
         return train_time(w, gpu, hfu, memory, inter_node,
-                          host_s_per_op=corrections["training_host_s_per_op"]["value"])
+                          host_s_per_op=corrections["training_host_s_per_op"]["value"],
+                          link_fraction=corrections["comm_bandwidth_fraction"]["value"])
     return inference_time(w, gpu, hfu, corrections["decode_bandwidth_fraction"]["value"], memory,
                           host_s_per_layer=corrections["decode_host_s_per_layer"]["value"])
 

@@ -23,6 +23,9 @@ value came from where. The factors and what each one means (units in brackets):
   floor the GPU's work hides under), from the decode steps the host bound.
 - `training_host_s_per_op` [s]: host time per operator an eager training micro-batch dispatches
   (estimator.ops counts; the launch floor of estimator.timing), from the training steps it bound.
+- `comm_bandwidth_fraction`: the share of the links' bandwidth the data-parallel collectives reach,
+  from the gradient reductions multi-GPU runs measured (the micro-batch that reduces against the
+  no_sync ones).
 
 Next to the factors: `provenance` (measurement files with sha256, rows and dates, backends,
 versions with counts, models), `versions` (each library's versions seen), `range` (params,
@@ -80,6 +83,7 @@ _FACTORS = {
     "decode_bandwidth_fraction": ("num", 0.05, 1.0),
     "decode_host_s_per_layer": ("num", 1e-5, 0.05),
     "training_host_s_per_op": ("num", 1e-7, 1e-3),
+    "comm_bandwidth_fraction": ("num", 0.02, 1.0),
 }
 DEVICE_INDEPENDENT = ("activation_scale", "inference_activation_scale", "logits_scale",
                       "optimizer_temporaries_scale")
@@ -270,6 +274,14 @@ class Calibration:
             return self._scalar("training_host_s_per_op", None, float)
         return float(time_constant("training_host_s_per_op")), "default"
 
+    def comm_bandwidth_fraction(self) -> tuple[float, str]:
+        """Share of the links' bandwidth the data-parallel collectives reach: a table's, fitted from
+        the gradient reductions its multi-GPU runs measured (`sync_microbatch_s` against
+        `nosync_microbatch_s`), else 1 (the interconnect table's per-direction peak)."""
+        if "comm_bandwidth_fraction" in self.factors:
+            return self._scalar("comm_bandwidth_fraction", None, float)
+        return float(time_constant("comm_bandwidth_fraction")), "default"
+
     def upper_bound(self, quantity: str = "device_used_bytes") -> dict | None:
         """{"factor", "quantile", "coverage", "points"} for `quantity`, or None. Not offered when
         the table's device factors are not applied (another GPU's table)."""
@@ -404,7 +416,8 @@ def _uncalibrated_time(method: str, training: bool, gpu_slug: str) -> tuple:
 def _time_items(cal: Calibration, method: str, training: bool, gpu_slug: str, params_active) -> tuple:
     items = (("mfu", *cal.mfu(method, gpu_slug, params_active)),)
     if training:
-        items += (("training_host_s_per_op", *cal.training_host_s_per_op()),)
+        items += (("training_host_s_per_op", *cal.training_host_s_per_op()),
+                  ("comm_bandwidth_fraction", *cal.comm_bandwidth_fraction()))
     else:
         items += (("decode_bandwidth_fraction", *cal.decode_bandwidth_fraction(gpu_slug)),
                   ("decode_host_s_per_layer", *cal.decode_host_s_per_layer()))

@@ -105,6 +105,12 @@ class Comm:
     after_s: float          # runs after the backward (ZeRO 1/2 weight all-gather)
     reduce_s: float = 0.0   # of overlappable_s: one gradient reduction, hidden only in a backward
     reduces: int = 0        # gradient reductions per step (1 under no_sync, grad_accum for DeepSpeed)
+    reduce_tail_s: float = 0.0   # of tail_s: one reduction's share (its last layers' buckets)
+
+    def last_reduction_exposed_s(self, backward_s: float) -> float:
+        """What one gradient reduction adds to its micro-batch (the profiler's `sync_microbatch_s`
+        minus `nosync_microbatch_s`): its part beyond the backward window, plus its tail."""
+        return max(0.0, self.reduce_s - backward_s) + self.reduce_tail_s
 
     @property
     def total_s(self) -> float:
@@ -144,10 +150,13 @@ def host_link(gpu: tables.GpuSpec) -> tables.Interconnect:
     return tables.interconnect(name if name.startswith("pcie") else "pcie4-x16")
 
 
-def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str, off: frozenset = frozenset()) -> Comm:
+def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str, off: frozenset = frozenset(),
+                  link_fraction: float = 1.0) -> Comm:
     """The step's traffic per GPU (module docstring) over the slowest link; hybrid shard keeps the
     gathers and reduce-scatters inside the node and all-reduces the gradient shards across nodes;
-    parameter offload adds the host-to-GPU copy of each shard per gather."""
+    parameter offload adds the host-to-GPU copy of each shard per gather. `link_fraction`: the share
+    of the links' bandwidth the collectives reach (a calibration's `comm_bandwidth_fraction`, fitted
+    from measured reductions; 1: the interconnect table's per-direction peak)."""
     n = w.dp
     if not w.training or n == 1:
         return Comm(0.0, 0.0, 0.0)
@@ -161,7 +170,7 @@ def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str, off: frozen
         link = tables.interconnect(gpu.intra_node_interconnect)
         n = max(1, regime(w).fsdp_shard)
     ring = (n - 1) / n
-    bw, hop = link.bandwidth_bytes_per_s, 2 * (n - 1) * link.latency_s
+    bw, hop = link.bandwidth_bytes_per_s * link_fraction, 2 * (n - 1) * link.latency_s
     after = gathered = 0.0
     if _sharded(w) or w.fsdp == "grad-op":
         gathers = 1.0 if w.fsdp == "grad-op" else 2.0    # grad-op keeps the forward's gather for the backward
@@ -176,13 +185,14 @@ def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str, off: frozen
     if hybrid:   # replicas all-reduce their gradient shard over the inter-node link, after each reduce-scatter
         inter = tables.interconnect(inter_node)
         r = w.dp // n
-        one += 2.0 * (r - 1) / r * grad / n / inter.bandwidth_bytes_per_s + 2 * (r - 1) * inter.latency_s / reduces
+        one += (2.0 * (r - 1) / r * grad / n / (inter.bandwidth_bytes_per_s * link_fraction)
+                + 2 * (r - 1) * inter.latency_s / reduces)
     if w.offload == "optimizer+params" and "offload" not in off:   # each shard copied to the GPU per gather
         gathered += k * 2.0 * _gathered_bytes(w) / w.dp / host_link(gpu).bandwidth_bytes_per_s
     total = gathered + reduces * one
     tail = min(total, total / w.model.num_layers * time_constant("comm_tail_layers"))
     keep = (total - tail) / total if total > 0 else 0.0     # the tail taken evenly from both
-    return Comm(total - tail, tail, after, reduce_s=one * keep, reduces=reduces)
+    return Comm(total - tail, tail, after, reduce_s=one * keep, reduces=reduces, reduce_tail_s=one * (1.0 - keep))
 
 
 def comm_seconds(w: Workload, gpu: tables.GpuSpec, inter_node: str) -> float:
@@ -231,17 +241,18 @@ def backward_share(w: Workload) -> float:
 
 
 def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreakdown,
-               inter_node: str, off: frozenset = frozenset(), host_s_per_op: float | None = None) -> TimeBreakdown:
+               inter_node: str, off: frozenset = frozenset(), host_s_per_op: float | None = None,
+               link_fraction: float = 1.0) -> TimeBreakdown:
     """`off`: mechanisms left out (estimator.compute_time names, "hybrid", "offload", "launch_floor";
     the bench's ablation). `host_s_per_op`: a calibration's launch floor per operator (None: the
-    time_constants.csv default)."""
+    time_constants.csv default). `link_fraction`: `communication`'s."""
     flops = training_flops(w)
     peak = peak_flops(gpu, w)
     parts = compute_parts(w, gpu, hfu, off)
     floor = 0.0 if "launch_floor" in off else launch_floor_seconds(w, host_s_per_op)
     micro_batch = max(parts.total_s, floor)
     compute = w.grad_accum * micro_batch
-    comm = communication(w, gpu, inter_node, off)
+    comm = communication(w, gpu, inter_node, off, link_fraction)
     exposed = comm.exposed_s(compute, micro_batch * backward_share(w))
     opt = optimizer_seconds(w, gpu, memory, off)
     overhead = time_constant("step_overhead_s")

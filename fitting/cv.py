@@ -34,7 +34,7 @@ from fitting.models import Fit, fit_all
 QUANTILE = 0.95
 # the factors that correct step time, by the steps that judge them: GEMM fractions on training steps,
 # the decode factors on inference steps (prefill + decode)
-TIME_GROUPS = ((("mfu", "training_host_s_per_op"), True),
+TIME_GROUPS = ((("mfu", "training_host_s_per_op", "comm_bandwidth_fraction"), True),
                (("decode_bandwidth_fraction", "decode_host_s_per_layer"), False))
 
 

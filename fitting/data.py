@@ -42,7 +42,8 @@ from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.compute_time import hfu_terms
 from estimator.memory import working_sets
-from estimator.timing import decode_floor_seconds, decode_parts, launch_floor_seconds
+from estimator.api import DEFAULT_INTER_NODE
+from estimator.timing import backward_share, communication, decode_floor_seconds, decode_parts, launch_floor_seconds
 from estimator.params import count_params
 from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
 from estimator.quantities import QUANTITIES as _MEASURED
@@ -51,6 +52,9 @@ from estimator.versions import VERSION_COLUMNS
 from estimator.workload import Workload
 from profiler import record
 
+# measured beside the quantities: the micro-batches of an accumulating DDP/FSDP step timed apart
+# (profiler.record; `m_` columns of the frame, the comm fit's input)
+REDUCTION_COLUMNS = ("nosync_microbatch_s", "sync_microbatch_s")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MEASUREMENTS_DIR = REPO_ROOT / "calibrations" / "measurements"
 
@@ -257,13 +261,32 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
                    decode_attention_s=d.attention_s, decode_slowdown=d.slowdown,
                    decode_layers=0.0 if w.compiled else float(math.ceil(w.model.num_layers / w.pp)),
                    decode_default_fraction=float(est.corrections["decode_bandwidth_fraction"]["value"]))
-    for q in _MEASURED:
+    out.update(_reduction_features(w, gpu))
+    for q in _MEASURED + REDUCTION_COLUMNS:
         out[f"m_{q}"] = _num(row.get(q, ""))
     if not w.training and w.new_tokens == 0 and math.isnan(out["m_prefill_s"]):
         out["m_prefill_s"] = out["m_step_s"]  # a prompt-only run is all prefill
     for lib in VERSION_COLUMNS:
         out[lib] = str(row.get(lib, "") or "")
     return out
+
+
+def _reduction_features(w: Workload, gpu) -> dict:
+    """One gradient reduction of `w` as estimator.timing.communication costs it at the links' full
+    bandwidth: `reduce_bw_s` (its bytes over the link) and `reduce_lat_s` (its hops), the share
+    `reduce_keep` that can hide in the backward (the rest is its tail), and `backward_share` (the
+    window: that share of a micro-batch). With a fraction f of the bandwidth the reduction takes
+    reduce_bw_s / f + reduce_lat_s; two evaluations give both terms."""
+    if not w.training or w.dp == 1:
+        return {"reduce_bw_s": 0.0, "reduce_lat_s": 0.0, "reduce_keep": 0.0, "backward_share": 0.0,
+                "gathers_s": 0.0}
+    full = communication(w, gpu, DEFAULT_INTER_NODE)
+    half = communication(w, gpu, DEFAULT_INTER_NODE, link_fraction=0.5)
+    one, one_half = full.reduce_s + full.reduce_tail_s, half.reduce_s + half.reduce_tail_s
+    return {"reduce_bw_s": one_half - one, "reduce_lat_s": 2.0 * one - one_half,
+            "reduce_keep": full.reduce_s / one if one > 0 else 0.0, "backward_share": backward_share(w),
+            # the rest of the step's traffic (FSDP's and ZeRO-3's gathers, ZeRO's weight all-gather)
+            "gathers_s": max(0.0, full.total_s - full.reduces * one)}
 
 
 def build_dataset(rows: pd.DataFrame, gpu: str, files: list | None = None) -> Dataset:

@@ -34,6 +34,14 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    `training_host_s_per_op` = the median of compute / operators (estimator.ops) over the training
    steps whose compute is within LAUNCH_MARGIN of the default launch floor (bound by the host's
    dispatch; the HFU fit leaves them out).
+5. Communication (`_fit_comm`): on the accumulating DDP/FSDP runs that timed the reducing
+   micro-batch apart, the measured exposed reduction is sync_microbatch_s - nosync_microbatch_s;
+   the estimator's (estimator.timing Comm.last_reduction_exposed_s) with a fraction f of the links'
+   bandwidth is max(0, keep x R(f) - backward_share x nosync_microbatch_s) + (1 - keep) x R(f),
+   R(f) = reduce_bw_s / f + reduce_lat_s; per point the f that equals them (bisection: the
+   exposure falls as f grows; clipped to [COMM_FRACTION_MIN, 1]), `comm_bandwidth_fraction` their
+   median. The step-time fit (4.) then takes the measured exposure where the reduction is all
+   the step's traffic (DDP).
 """
 
 from __future__ import annotations
@@ -299,10 +307,50 @@ def _median_by(values: pd.Series, keys: pd.Series, low: float, high: float) -> t
 HOST_BOUND = 1.5   # a decode step this many times its GPU work (default fraction) is bound by the host
 
 
+COMM_FRACTION_MIN = 0.02   # calibration.py's lower limit of comm_bandwidth_fraction
+
+
+def _reduction_exposed(rows: pd.DataFrame, fraction) -> pd.Series:
+    """The estimator's exposed reduction of each row's reducing micro-batch at link fraction
+    `fraction` (estimator.timing Comm.last_reduction_exposed_s, the window from the measured
+    no_sync micro-batch)."""
+    r = rows["reduce_bw_s"] / fraction + rows["reduce_lat_s"]
+    window = rows["backward_share"] * rows["m_nosync_microbatch_s"]
+    return (rows["reduce_keep"] * r - window).clip(lower=0.0) + (1.0 - rows["reduce_keep"]) * r
+
+
+def _measured_reductions(frame: pd.DataFrame) -> pd.DataFrame:
+    if "m_sync_microbatch_s" not in frame:
+        return frame.iloc[0:0]
+    rows = frame[frame["training"] & frame["m_sync_microbatch_s"].notna() & frame["m_nosync_microbatch_s"].notna()
+                 & (frame["reduce_bw_s"] > 0)]
+    return rows.assign(m_exposed_s=(rows["m_sync_microbatch_s"] - rows["m_nosync_microbatch_s"]).clip(lower=0.0))
+
+
+def _fit_comm(frame: pd.DataFrame, fit: Fit) -> None:
+    rows = _measured_reductions(frame)
+    if len(rows) < MIN_POINTS:
+        return
+    lo = pd.Series(COMM_FRACTION_MIN, index=rows.index)
+    hi = pd.Series(1.0, index=rows.index)
+    for _ in range(60):   # bisection on each row at once: exposure falls as the fraction grows
+        mid = (lo + hi) / 2
+        slower = _reduction_exposed(rows, mid) < rows["m_exposed_s"]   # measured more: a lower fraction
+        hi, lo = hi.where(~slower, mid), lo.where(slower, mid)
+    fit.factors["comm_bandwidth_fraction"] = _r(float(np.median((lo + hi) / 2)))
+    fit.points["comm_bandwidth_fraction"] = int(len(rows))
+
+
 def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     mfu, points = {}, {}
     train = frame[frame["training"] & frame["m_step_s"].notna()]
-    compute = train["m_step_s"] - train["exposed_comm_s"] - train["optimizer_s"] - train["overhead_s"]
+    exposed = train["exposed_comm_s"]
+    measured = _measured_reductions(train)
+    measured = measured[measured["gathers_s"] <= 0]   # DDP: the reduction is all its traffic
+    if len(measured):   # a measured exposed reduction replaces the default's
+        exposed = exposed.copy()
+        exposed.loc[measured.index] = measured["m_exposed_s"]
+    compute = train["m_step_s"] - exposed - train["optimizer_s"] - train["overhead_s"]
     # a step whose compute is no longer than its operators take the host to dispatch at the default
     # rate (within LAUNCH_MARGIN) is bound by that dispatch (estimator.timing's launch floor): it
     # sets the host's seconds per operator and says nothing of the GEMMs' fraction. (The default
@@ -318,7 +366,7 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     busy = compute - train["compute_fixed_s"]
     train, busy = train[busy > 0], busy[busy > 0]
     achieved = train["hw_flops"] / (train["peak_flops"] * busy)
-    sizes = train["params_active"].map(size_bucket)
+    sizes = train["params_active"].map(size_bucket).astype(str)   # str even when no step is left
     for keys in (train["method"] + "|" + sizes, train["method"]):
         m, n = _median_by(achieved, keys, 0.01, GEMM_LEVEL_MAX)
         mfu.update(m)
@@ -363,5 +411,6 @@ def fit_all(frame: pd.DataFrame, gpu: str) -> Fit:
     if not trace:
         _fit_reserve(frame, fit)
         _fit_device(frame, fit)
+        _fit_comm(frame, fit)
         _fit_time(frame, fit)
     return fit

@@ -7,6 +7,7 @@ Gaussian noise; they are not measurements.
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -15,8 +16,10 @@ import numpy as np
 import pytest
 
 from estimator.api import estimate
-from estimator.calibration import TRACE_GPU
+from estimator.calibration import SCHEMA, TRACE_GPU
+from estimator.configs import load_spec
 from estimator.defaults import time_constant
+from estimator.workload import Workload
 from fitting import synthetic
 from fitting.cv import calibration_of, fit_and_validate, leave_one_model_out, metrics, upper_bound
 from fitting.data import build_dataset, committed_files, load, read_rows, rows_frame, workload_from_row
@@ -390,3 +393,39 @@ def test_an_moe_decode_the_host_floor_misses_drops_the_decode_factors_held_out()
     fit, _ = fit_and_validate(data)
     assert "decode_host_s_per_layer" not in fit.factors
     assert any("decode_host_s_per_layer" in n for n in fit.notes)
+
+
+def test_the_link_fraction_is_recovered_from_timed_reductions(tmp_path):
+    # accumulating DDP runs made at a known share of NVLink's bandwidth: the reducing micro-batch
+    # takes the no_sync one plus what the estimator's own reduction exposes at that share
+    # (estimator.timing); the fit inverts it per run and takes the median
+    from estimator.api import DEFAULT_INTER_NODE
+    from estimator.tables import gpu as gpu_spec
+    from estimator.timing import backward_share, communication
+    from profiler.record import new_row
+
+    true, pcie = 0.6, "l40s-48gb"      # PCIe 4.0 x16 between the two GPUs
+    records, exposures = [], []
+    for name, seq in (("llama-3.2-1b", 128), ("qwen2.5-1.5b", 128), ("llama-3.2-3b", 256), ("qwen3-1.7b", 128)):
+        w = Workload(load_spec(name), method="full", gpus=2, batch=1, seq=seq, grad_accum=4)
+        t = estimate(w, pcie, "none").time
+        nosync = t.compute_s / w.grad_accum
+        comm = communication(w, gpu_spec(pcie), DEFAULT_INTER_NODE, link_fraction=true)
+        exposed = comm.last_reduction_exposed_s(nosync * backward_share(w))
+        assert exposed > comm.reduce_tail_s       # the backward does not hide it: the fraction shows
+        exposures.append(exposed)
+        for rank in range(2):
+            records.append(new_row(None, "cuda", workload=w, model=name, status="ok", message="", rank=rank,
+                                   warmup=1, steps=3, gpu_slug=pcie, step_s=t.step_s, optimizer_s=t.optimizer_s,
+                                   nosync_microbatch_s=nosync, sync_microbatch_s=nosync + exposed,
+                                   started_at=f"2026-11-27T00:0{len(records) // 2}:00Z"))
+    data = load([synthetic.write_csv(records, tmp_path / "ddp.csv")], pcie)
+    fit = fit_all(data.frame, pcie)
+    assert fit.factors["comm_bandwidth_fraction"] == pytest.approx(true, rel=1e-3)
+    assert fit.points["comm_bandwidth_fraction"] == 4
+    # a table saying so slows the estimate's communication by that share
+    w = Workload(load_spec("llama-3.2-1b"), method="full", gpus=2, batch=1, seq=128, grad_accum=4)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "gpu": pcie, "factors": {"comm_bandwidth_fraction": 0.6}}))
+    cal, plain = estimate(w, pcie, str(path)).time, estimate(w, pcie, "none").time
+    assert cal.comm_s > plain.comm_s * 1.6 and cal.exposed_comm_s > plain.exposed_comm_s
