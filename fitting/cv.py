@@ -200,9 +200,10 @@ def fit_and_validate(data: Dataset) -> tuple[Fit, CvResult]:
         held = metrics(cv.oof["step_s"].to_numpy(float)[rows], measured)
         raw = metrics(cv.raw["step_s"].to_numpy(float)[rows], measured)
         if held and raw and held["median_abs"] > raw["median_abs"]:
-            dropped += [n for n in names if n in fit.factors]
+            present = [n for n in names if n in fit.factors]
+            dropped += present
             kind = "training" if on_training else "inference"
-            notes.append(f"time factors dropped ({', '.join(names)}): held out (leave one model out) they "
+            notes.append(f"time factors dropped ({', '.join(present)}): held out (leave one model out) they "
                          f"predicted {kind} step time with median |error| {held['median_abs']:.1%}, the raw "
                          f"formulas {raw['median_abs']:.1%}")
     if dropped:
