@@ -69,6 +69,7 @@ PUBLISHED_GPU = "published"
 TRACE_PREDICTION_GPU = "h100-80gb"
 
 # name -> (kind, low, high); kind: int | num | map (key -> num) | reserve
+COMM_FRACTION_MIN = 0.02   # the lowest link fraction a table may hold (fitting.models clips to it)
 _FACTORS = {
     "cuda_context_bytes": ("int", 0, 64 * GiB),
     "non_pytorch_bytes": ("int", -8 * GiB, 64 * GiB),
@@ -83,7 +84,7 @@ _FACTORS = {
     "decode_bandwidth_fraction": ("num", 0.05, 1.0),
     "decode_host_s_per_layer": ("num", 1e-5, 0.05),
     "training_host_s_per_op": ("num", 1e-7, 1e-3),
-    "comm_bandwidth_fraction": ("num", 0.02, 1.0),
+    "comm_bandwidth_fraction": ("num", COMM_FRACTION_MIN, 1.0),
 }
 DEVICE_INDEPENDENT = ("activation_scale", "inference_activation_scale", "logits_scale",
                       "optimizer_temporaries_scale")

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from estimator.calibration import TRACE_GPU, size_bucket
+from estimator.calibration import COMM_FRACTION_MIN, TRACE_GPU, size_bucket
 from estimator.defaults import overhead, time_constant
 from estimator.tables import GEMM_LEVEL_MAX
 
@@ -305,9 +305,6 @@ def _median_by(values: pd.Series, keys: pd.Series, low: float, high: float) -> t
 
 
 HOST_BOUND = 1.5   # a decode step this many times its GPU work (default fraction) is bound by the host
-
-
-COMM_FRACTION_MIN = 0.02   # calibration.py's lower limit of comm_bandwidth_fraction
 
 
 def _reduction_exposed(rows: pd.DataFrame, fraction) -> pd.Series:
