@@ -75,6 +75,8 @@ class TimeBreakdown:
     compute_parts: dict | None = None  # one micro-batch (or the prefill) by bound (estimator.compute_time)
     launch_floor_s: float = 0.0  # training: operators dispatched x host seconds each, per step (estimator.ops)
     launch_bound: bool = False   # the floor, not the roofline, sets compute_s
+    microbatch_s: float = 0.0    # training: one micro-batch's compute (compute_s / grad_accum)
+    reduction_exposed_s: float = 0.0   # several GPUs: what one gradient reduction adds to its micro-batch
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -263,7 +265,8 @@ def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreak
                          model_flops / (step * peak), peak / TFLOPS, model_flops, optimizer_s=opt,
                          overhead_s=overhead, hfu=hfu, comm_bound=comm.overlappable_s > compute,
                          compute_parts=parts.to_dict(), launch_floor_s=w.grad_accum * floor,
-                         launch_bound=floor > parts.total_s)
+                         launch_bound=floor > parts.total_s, microbatch_s=micro_batch,
+                         reduction_exposed_s=comm.last_reduction_exposed_s(micro_batch * backward_share(w)))
 
 
 def launch_floor_seconds(w: Workload, host_s_per_op: float | None = None) -> float:

@@ -53,6 +53,21 @@ def _decode(e):
     return e.time.decode_s_per_token if e.workload.new_tokens else None
 
 
+def _reduces(e) -> bool:
+    """Several ranks accumulating: the profiler times the no_sync micro-batches and the reducing one
+    apart (profiler.child `_train_phases`; DDP and FSDP, not DeepSpeed)."""
+    w = e.workload
+    return w.world_size > 1 and w.grad_accum > 1 and not w.zero
+
+
+def _nosync(e):
+    return e.time.microbatch_s if _reduces(e) else None
+
+
+def _sync(e):
+    return e.time.microbatch_s + e.time.reduction_exposed_s if _reduces(e) else None
+
+
 QUANTITIES = (
     Quantity("peak_allocated_bytes", "bytes", lambda e: e.memory.peak_allocated_bytes, ("cuda", "trace")),
     Quantity("peak_reserved_bytes", "bytes", lambda e: e.memory.peak_reserved_bytes, ("cuda",)),
@@ -61,6 +76,8 @@ QUANTITIES = (
     Quantity("prefill_s", "s", _prefill, ("cuda",), inference_only=True),
     Quantity("decode_token_s", "s", _decode, ("cuda",), inference_only=True),
     Quantity("optimizer_s", "s", lambda e: e.time.optimizer_s, ("cuda",), training_only=True),
+    Quantity("nosync_microbatch_s", "s", _nosync, ("cuda",), training_only=True),
+    Quantity("sync_microbatch_s", "s", _sync, ("cuda",), training_only=True),
 )
 
 
