@@ -68,8 +68,8 @@ PUBLISHED_GPU = "published"
 # the GPU row that predicts trace rows: their peak allocated does not depend on the row
 TRACE_PREDICTION_GPU = "h100-80gb"
 
-# name -> (kind, low, high); kind: int | num | map (key -> num) | reserve
 COMM_FRACTION_MIN = 0.02   # the lowest link fraction a table may hold (fitting.models clips to it)
+# name -> (kind, low, high); kind: int | num | map (key -> num) | reserve
 _FACTORS = {
     "cuda_context_bytes": ("int", 0, 64 * GiB),
     "non_pytorch_bytes": ("int", -8 * GiB, 64 * GiB),
