@@ -52,9 +52,6 @@ from estimator.versions import VERSION_COLUMNS
 from estimator.workload import Workload
 from profiler import record
 
-# measured beside the quantities: the micro-batches of an accumulating DDP/FSDP step timed apart
-# (profiler.record; `m_` columns of the frame, the comm fit's input)
-REDUCTION_COLUMNS = ("nosync_microbatch_s", "sync_microbatch_s")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MEASUREMENTS_DIR = REPO_ROOT / "calibrations" / "measurements"
 
@@ -262,7 +259,7 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
                    decode_layers=0.0 if w.compiled else float(math.ceil(w.model.num_layers / w.pp)),
                    decode_default_fraction=float(est.corrections["decode_bandwidth_fraction"]["value"]))
     out.update(_reduction_features(w, gpu))
-    for q in _MEASURED + REDUCTION_COLUMNS:
+    for q in _MEASURED:
         out[f"m_{q}"] = _num(row.get(q, ""))
     if not w.training and w.new_tokens == 0 and math.isnan(out["m_prefill_s"]):
         out["m_prefill_s"] = out["m_step_s"]  # a prompt-only run is all prefill
