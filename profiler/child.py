@@ -493,6 +493,7 @@ def _finish_distributed() -> None:
             dist.destroy_process_group()
     except Exception:  # tearing down after a failure must not hide the row
         pass
+    zero.remove_shm_buffer()   # DeepSpeed's CPU allreduce buffer outlives the process otherwise
     _owned_group = False
 
 

@@ -186,6 +186,27 @@ def extensions_dir() -> Path:
     return Path(get_default_build_root())
 
 
+SHM_DIR = Path("/dev/shm")
+
+
+def remove_shm_buffer(environ=None, shm_dir: Path = SHM_DIR) -> Path | None:
+    """Unlink this rank's shared-memory allreduce buffer, which DeepSpeed's CPU communication op
+    creates and never removes (deepspeed/ops/csrc/cpu/comm/shm.cpp `shm_initialize`:
+    `deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>`, 64 MiB and more each):
+    without this every ZeRO run on the CPU backend leaves its ranks' buffers in /dev/shm. Unlinking
+    a name leaves the other ranks' mappings of it valid. Returns the file removed, or None."""
+    env = os.environ if environ is None else environ
+    if "MASTER_PORT" not in env or "RANK" not in env:
+        return None
+    path = shm_dir / (f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}_"
+                      f"{env['MASTER_PORT']}_{env['RANK']}")
+    try:
+        path.unlink()
+    except OSError:   # none made (GPU runs, no CPU comm op) or already gone
+        return None
+    return path
+
+
 def clear_stale_locks(root: str | Path | None = None, older_than_s: float = STALE_LOCK_S,
                       ops: tuple = ()) -> list[Path]:
     """Remove torch's build lock files (`<root>/<op>/lock`, `<root>/<python>_<accel>/<op>/lock`)

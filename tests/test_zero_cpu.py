@@ -59,6 +59,7 @@ def world1():
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        zero.remove_shm_buffer()   # DeepSpeed's CPU allreduce buffer, as the child removes it
 
 
 # ---------------------------------------------------------------- config
@@ -272,11 +273,14 @@ def test_two_ranks_under_the_deepspeed_launcher_each_hold_their_partition(tmp_pa
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
                                                             "MASTER_ADDR", "MASTER_PORT")}
     env.update(PYTHONPATH=str(ROOT), DS_ACCELERATOR="cpu")
+    port = zero._free_port()
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port",
-           str(zero._free_port()), "--no_local_rank", "--module", "profiler.child",
+           str(port), "--no_local_rank", "--module", "profiler.child",
            "--case", str(case_path), "--out", str(out), "--backend", "cpu"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # each rank removed its shared-memory allreduce buffer (DeepSpeed's CPU comm op leaves them)
+    assert not list(zero.SHM_DIR.glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     assert not out.exists()  # several processes: rank files only
     rows = [json.loads((tmp_path / f"R.rank{r}.json").read_text()) for r in (0, 1)]
     for rank, rank_rows in enumerate(rows):
@@ -287,3 +291,16 @@ def test_two_ranks_under_the_deepspeed_launcher_each_hold_their_partition(tmp_pa
         assert row["host_offload_bytes"] == 18 * per_rank
         assert row["weights_bytes"] == 2 * per_rank  # this rank's bf16 partitions
     assert sum(numels) / 2 < per_rank < sum(numels) / 2 + len(numels) / 2  # half, plus padding
+
+
+def test_the_shared_memory_buffer_of_this_rank_is_removed(tmp_path):
+    # DeepSpeed's CPU comm op names each rank's buffer deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>
+    mine = tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29512_1"
+    other = tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29512_0"
+    mine.write_bytes(b"x")
+    other.write_bytes(b"x")
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512", "RANK": "1"}
+    assert zero.remove_shm_buffer(env, tmp_path) == mine
+    assert not mine.exists() and other.exists()          # another rank's stays: it removes its own
+    assert zero.remove_shm_buffer(env, tmp_path) is None  # already gone
+    assert zero.remove_shm_buffer({}, tmp_path) is None   # no process group: nothing named
