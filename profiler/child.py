@@ -350,14 +350,14 @@ def _ddp(model, device: str):
 def _train_phases(model, optimizer, batch, w: Workload, device: str) -> list:
     """[forward and backward of every micro-batch, optimizer step]: steps.train_step in two timed
     phases, so that the optimizer step is measured on its own (`optimizer_s`). Where the model
-    reduces gradients across ranks and accumulates (DDP, FSDP with grad_accum > 1), three: the
+    reduces gradients across ranks and accumulates (`steps.reduction_timed_apart`), three: the
     micro-batches in no_sync, the last one (whose backward reduces), the optimizer step, so that
     the exposed reduction is measured (`nosync_microbatch_s`, `sync_microbatch_s`); the same work
     in the same order either way."""
     device_type = device.split(":")[0]
     k = w.grad_accum
     step = lambda: steps.optimizer_step(optimizer)  # noqa: E731
-    if k > 1 and steps.syncs_gradients(model):
+    if steps.reduction_timed_apart(w):
         return [lambda: steps.micro_batches(model, batch, w, device_type, range(k - 1)),
                 lambda: steps.micro_batches(model, batch, w, device_type, [k - 1]), step]
     return [lambda: steps.forward_backward(model, batch, w, device_type), step]

@@ -31,6 +31,7 @@ from estimator.units import gib
 from estimator.workload import Workload
 from profiler.plot import parity_plot
 from profiler.record import measured_value, merge_ranks, workload_from_row
+from profiler.steps import reduction_timed_apart
 
 
 @dataclass(frozen=True)
@@ -53,19 +54,12 @@ def _decode(e):
     return e.time.decode_s_per_token if e.workload.new_tokens else None
 
 
-def _reduces(e) -> bool:
-    """Several ranks accumulating: the profiler times the no_sync micro-batches and the reducing one
-    apart (profiler.child `_train_phases`; DDP and FSDP, not DeepSpeed)."""
-    w = e.workload
-    return w.world_size > 1 and w.grad_accum > 1 and not w.zero
-
-
 def _nosync(e):
-    return e.time.microbatch_s if _reduces(e) else None
+    return e.time.microbatch_s if reduction_timed_apart(e.workload) else None
 
 
 def _sync(e):
-    return e.time.microbatch_s + e.time.reduction_exposed_s if _reduces(e) else None
+    return e.time.microbatch_s + e.time.reduction_exposed_s if reduction_timed_apart(e.workload) else None
 
 
 QUANTITIES = (

@@ -46,7 +46,7 @@ def forward_backward(model, batch: Batch, w: Workload, device_type: str) -> None
 def micro_batches(model, batch: Batch, w: Workload, device_type: str, indices) -> None:
     """The forward and backward of the micro-batches `indices` of `train_step` (0 .. grad_accum - 1;
     the last one reduces the gradients, the others run in no_sync): the profiler times the no_sync
-    ones and the last apart (`syncs_gradients`)."""
+    ones and the last apart (`reduction_timed_apart`)."""
     for index in indices:
         with _sync_context(model, last=index == w.grad_accum - 1):
             if w.loss == "model-dtype":
@@ -62,13 +62,13 @@ def micro_batches(model, batch: Batch, w: Workload, device_type: str, indices) -
             del loss
 
 
-def syncs_gradients(model) -> bool:
-    """Whether `model` reduces gradients across ranks in its backward, skipped under no_sync
-    (DistributedDataParallel, an FSDP2 module)."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.nn.parallel import DistributedDataParallel
-
-    return isinstance(model, (DistributedDataParallel, FSDPModule))
+def reduction_timed_apart(w: Workload) -> bool:
+    """Whether the profiler times `w`'s no_sync micro-batches and its reducing last one apart: a
+    training step that accumulates on a model that reduces gradients in its backward and skips it
+    under no_sync (DDP on several processes, FSDP; profiler.child builds them so), not DeepSpeed's
+    engine. The comparison (profiler.compare) predicts those two times for the same runs."""
+    return (w.training and w.grad_accum > 1 and not w.zero
+            and (w.fsdp != "none" or w.world_size > 1))
 
 
 def _own_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:
