@@ -90,7 +90,9 @@ def _answer(args) -> report.Result:
     if args.max_batch or args.max_seq:
         field, search = ("batch", planner.max_batch) if args.max_batch else ("seq", planner.max_seq)
         value = search(w, args.gpu, args.calibration)
-        return _plotted(report.largest(w, args.gpu, field, value), args,
+        tips = [] if value else planner.advice(estimate(w.with_(**{field: 1}), args.gpu, args.calibration),
+                                               args.calibration)
+        return _plotted(report.largest(w, args.gpu, field, value, tips), args,
                         lambda plots: plots.largest(w, args.gpu, field, value, args.calibration, args.plot))
     job = _job(args, resolved)
     if args.cheapest:

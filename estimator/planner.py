@@ -96,6 +96,19 @@ def _levers(w: Workload) -> list[tuple[str, dict]]:
     return out
 
 
+def merged_flags(levers: list[str]) -> str:
+    """Levers stacked in order as one command line: a flag a later lever sets again takes the later
+    value in the earlier place ("--method lora", "--method qlora" -> "--method qlora")."""
+    values: dict[str, str] = {}
+    for lever in levers:
+        tokens = lever.split()
+        for i, token in enumerate(tokens):
+            if token.startswith("--"):           # a flag, with its value unless it is a switch
+                after = tokens[i + 1] if i + 1 < len(tokens) else "--"
+                values[token] = "" if after.startswith("--") else after
+    return " ".join(f"{name} {value}".strip() for name, value in values.items())
+
+
 def _cost(base: Estimate, trial: Estimate) -> str:
     """What a lever costs in time, relative to the workload as given."""
     if base.workload.training:
@@ -138,7 +151,7 @@ def advice(result: Estimate, calibration: str = "auto") -> list[str]:
             stacked.update(change)
             applied.append(flag)
             if len(applied) > 1 and trial.safe_fits:
-                out.append(" ".join(applied) + f" ({_cost(result, trial)})")
+                out.append(merged_flags(applied) + f" ({_cost(result, trial)})")
                 break
     out += tight                                 # what fits only the estimate, said as such
     need = gpus_needed(w, slug, calibration)

@@ -149,12 +149,18 @@ def fit_gpus(w: Workload, rows: list[FitRow]) -> Result:
     return Result(data, "\n".join(lines))
 
 
-def largest(w: Workload, gpu: str, field: str, value: int) -> Result:
-    """planner.max_batch (field "batch") or planner.max_seq (field "seq") on one GPU of `gpu`."""
+def largest(w: Workload, gpu: str, field: str, value: int, advice: list[str] = ()) -> Result:
+    """planner.max_batch (field "batch") or planner.max_seq (field "seq") on one GPU of `gpu`; when
+    even 1 does not fit, `advice` (planner.advice at 1) says what would make it fit."""
     label = {"batch": "largest micro-batch", "seq": "longest sequence"}[field]
     data = {"workload": w.id, "gpu": gpu, f"max_{field}": value, "planned_on": PLANNED_ON}
-    return Result(data, f"{label} that fits one {tables.gpu(gpu).name}: {value}"
-                  + ("" if value else " (even 1 does not fit)") + f"\nplanned on {PLANNED_ON}")
+    text = f"{label} that fits one {tables.gpu(gpu).name}: {value}"
+    if not value:
+        data["advice"] = list(advice)
+        text += " (even 1 does not fit)"
+        text += (f"\n{field} 1 would fit with: " + "; ".join(advice) if advice
+                 else "\nno single change tried makes it fit; try a larger GPU or --fit-gpus")
+    return Result(data, text + f"\nplanned on {PLANNED_ON}")
 
 
 def cheapest(w: Workload, deadline_hours: float, found: list[Estimate]) -> Result:

@@ -16,7 +16,7 @@ from estimator.api import estimate
 from estimator.bounds import verdict
 from estimator.calibration import SCHEMA
 from estimator.configs import load_spec
-from estimator.planner import advice, max_batch
+from estimator.planner import advice, max_batch, merged_flags
 from estimator.workload import Workload
 
 GPU = "a100-80gb"
@@ -162,6 +162,17 @@ def test_advice_names_the_first_levers_in_order_with_their_time_cost():
     change = (trial.time.step_s / 4) / (base.time.step_s / 4) - 1      # same samples per step
     assert f"time per sample {change:+.0%}" in first
     assert "--grad-ckpt (tight: the estimate fits, its safe bound does not" in tips[-1]   # said as tight
+
+
+def test_stacked_levers_that_set_one_flag_twice_keep_the_later_value():
+    w = Workload(load_spec("llama-3.1-70b"), method="full", precision="fp16").validate()
+    tips = advice(estimate(w, "t4-16gb", "none"), "none")
+    # full -> lora -> qlora stack: one --method, the last; ZeRO-3 over 8 GPUs named once
+    assert tips[0].startswith("--grad-ckpt --optimizer adamw-8bit --method qlora --zero 3 --gpus 8 ("), tips
+    assert estimate(w.with_(grad_ckpt=True, optimizer="adamw-8bit", method="qlora", quant="nf4", zero=3, gpus=8),
+                    "t4-16gb", "none").safe_fits
+    assert merged_flags(["--zero 3 --gpus 8", "--grad-ckpt", "--zero 3 --offload optimizer+params"]) == (
+        "--zero 3 --gpus 8 --grad-ckpt --offload optimizer+params")
 
 
 def test_advice_for_the_readme_example_names_batch_one_with_accumulation(capsys):

@@ -224,6 +224,20 @@ def test_max_batch_zero_when_nothing_fits(capsys):
     data = run_json(capsys, "--model", "llama-3.1-70b", "--method", "full", "--max-batch", "--gpu", "t4-16gb",
                     "--precision", "fp16", "--calibration", "none")
     assert data["max_batch"] == 0
+    # what would make batch 1 fit: the planner's levers on the batch-1 workload, each a real fit
+    assert data["advice"] and data["advice"][0].startswith("--grad-ckpt --optimizer adamw-8bit --method qlora"), data
+
+
+def test_max_seq_zero_says_what_would_make_one_token_fit(capsys):
+    code, out, err = call_main(CLI, capsys, "--model", "llama-3.1-70b", "--method", "inference", "--max-seq",
+                               "--gpu", "t4-16gb", "--precision", "fp16", "--calibration", "none")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].endswith(": 0 (even 1 does not fit)")
+    assert lines[1].startswith("seq 1 would fit with: "), lines
+    w = Workload(model=load_spec("llama-3.1-70b"), method="inference", precision="fp16", seq=1).validate()
+    assert not estimate(w, "t4-16gb", "none").safe_fits
+    assert any(tip.startswith("--quant nf4") or "x t4-16gb" in tip for tip in lines[1].split("; "))
 
 
 def test_fit_gpus_rows(capsys):
