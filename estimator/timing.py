@@ -160,8 +160,14 @@ def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str, off: frozen
     of the links' bandwidth the collectives reach (a calibration's `comm_bandwidth_fraction`, fitted
     from measured reductions; 1: the interconnect table's per-direction peak)."""
     n = w.dp
-    if not w.training or n == 1:
+    if not w.training:
         return Comm(0.0, 0.0, 0.0)
+    copies = 0.0     # parameter offload: each shard copied from the host to the GPU per gather, one GPU too
+    if w.offload == "optimizer+params" and "offload" not in off:
+        copies = w.grad_accum * 2.0 * _gathered_bytes(w) / n / host_link(gpu).bandwidth_bytes_per_s
+    if n == 1:
+        tail = min(copies, copies / w.model.num_layers * time_constant("comm_tail_layers"))
+        return Comm(copies - tail, tail, 0.0)
     p = count_params(w.model)
     trainable = p.total if w.method == "full" else lora_params(w, p)
     grad = trainable / (w.tp * w.pp) * (2 if w.compute_dtype != "fp32" else 4)
@@ -189,9 +195,7 @@ def communication(w: Workload, gpu: tables.GpuSpec, inter_node: str, off: frozen
         r = w.dp // n
         one += (2.0 * (r - 1) / r * grad / n / (inter.bandwidth_bytes_per_s * link_fraction)
                 + 2 * (r - 1) * inter.latency_s / reduces)
-    if w.offload == "optimizer+params" and "offload" not in off:   # each shard copied to the GPU per gather
-        gathered += k * 2.0 * _gathered_bytes(w) / w.dp / host_link(gpu).bandwidth_bytes_per_s
-    total = gathered + reduces * one
+    total = gathered + copies + reduces * one
     tail = min(total, total / w.model.num_layers * time_constant("comm_tail_layers"))
     keep = (total - tail) / total if total > 0 else 0.0     # the tail taken evenly from both
     return Comm(total - tail, tail, after, reduce_s=one * keep, reduces=reduces, reduce_tail_s=one * (1.0 - keep))

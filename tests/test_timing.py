@@ -286,6 +286,17 @@ def test_cpu_offload_pays_pcie_and_host_adam(llama):
     assert estimate(w, "h100-80gb", "none").time.optimizer_s == pytest.approx(hand)
 
 
+def test_parameter_offload_on_one_gpu_copies_the_weights_in_per_gather(llama):
+    # ZeRO-3 with parameters on the host, one GPU: no collective, but every gather (forward and
+    # backward, each micro-batch) copies the whole bf16 model over PCIe 4.0 x16 (32 GB/s)
+    w = Workload(llama, zero=3, offload="optimizer+params", batch=1, seq=1024, grad_accum=2)
+    t = estimate(w, "h100-80gb", "none").time
+    hand = 2 * 2 * (2 * count_params(llama).total) / 32e9
+    assert t.comm_s == pytest.approx(hand, rel=1e-6)
+    assert t.exposed_comm_s >= t.comm_s - t.compute_s > 0      # longer than the compute it hides behind
+    assert estimate(w.with_(offload="optimizer"), "h100-80gb", "none").time.comm_s == 0.0
+
+
 def test_hybrid_shard_keeps_gathers_inside_the_node(llama):
     full = Workload(llama, fsdp="full", gpus=8, nodes=2, batch=1, seq=2048)
     hybrid = full.with_(fsdp="hybrid")
