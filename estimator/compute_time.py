@@ -95,9 +95,12 @@ def attention_fraction(gpu: tables.GpuSpec) -> float:
 def mem_efficient_fraction(gpu: tables.GpuSpec) -> float:
     """Fraction of dense peak of SDPA's memory-efficient kernel (the one a masked call gets):
     `attention_fraction_mem_efficient` (A100 measurements), scaled on Hopper by what the sm80
-    FlashAttention-2 code loses there (`attention_fraction_hopper` / `attention_fraction`)."""
+    FlashAttention-2 code loses there, its best on each (`attention_fraction_hopper` /
+    `attention_fraction_ampere_best`: like for like, both the kernel's best fraction)."""
     ampere = time_constant("attention_fraction_mem_efficient")
-    return ampere * attention_fraction(gpu) / time_constant("attention_fraction")
+    if not gpu.slug.startswith(HOPPER_PREFIXES):
+        return ampere
+    return ampere * time_constant("attention_fraction_hopper") / time_constant("attention_fraction_ampere_best")
 
 
 def flash_head_dim(d: float) -> float:

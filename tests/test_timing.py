@@ -152,10 +152,11 @@ def test_padding_mask_sends_sdpa_to_the_memory_efficient_kernel(llama):
     # the GEMMs and everything else do not move
     plain = estimate(Workload(llama, method="full", batch=1, seq=8192), "a100-80gb", "none").time
     assert t.compute_parts["gemm_s"] == plain.compute_parts["gemm_s"]
-    # on Hopper the sm80 kernel loses what FlashAttention-2 loses: 0.26 x 0.35 / 0.5
+    # on Hopper the sm80 kernel loses what FlashAttention-2's sm80 code loses, best against best:
+    # 0.26 x 0.35 (FA3 paper: FA2 on H100) / 0.73 (FA2 paper: its best on A100)
     h = estimate(Workload(llama, method="full", batch=1, seq=8192, padding_mask=True), "h100-80gb", "none").time
     assert h.compute_parts["attention_s"] == pytest.approx(
-        fwd * 3.5 / (989.4e12 * 0.26 * 0.7) + mask / (H100_BW * 0.7))
+        fwd * 3.5 / (989.4e12 * 0.26 * 0.35 / 0.73) + mask / (H100_BW * 0.7))
     # checkpointing: one more forward (kernel read and conversion)
     c = estimate(Workload(llama, method="full", batch=1, seq=8192, padding_mask=True, grad_ckpt=True),
                  "a100-80gb", "none").time
