@@ -6,7 +6,8 @@ included), so a checkpointed run pays its recompute once. Compute time of a micr
 of roofline terms of `estimator.compute_time` (GEMMs by size, attention, elementwise, LoRA
 adapters, dequantization). The `mfu` reported is model FLOPs (no recompute) / (step x peak).
 
-Training step = compute + exposed communication + optimizer step + fixed per-step overhead, where
+Training step = compute + exposed communication + optimizer step + gradient clipping (the HF
+Trainer's max_grad_norm, `clip_seconds`) + fixed per-step overhead, where
 compute = grad_accum x max(roofline of the micro-batch, its launch floor: operators dispatched
 (estimator.ops) x host seconds per operator; none under torch.compile):
 - communication per step (ring collectives, bytes each GPU sends over the slowest link it
@@ -23,7 +24,8 @@ compute = grad_accum x max(roofline of the micro-batch, its launch floor: operat
   reductions carry beyond their backward windows) + the tail (`comm_tail_layers` layers'
   traffic) + what runs after the backward (ZeRO 1/2's weight all-gather);
 - optimizer step: bytes of weights, gradients, optimizer states and master weights it reads and
-  writes, over achieved memory bandwidth (elementwise, memory-bound).
+  writes, over achieved memory bandwidth (elementwise, memory-bound); the clipping before it reads
+  the gradients for their norm and scales them in place (3 x gradient bytes, same bandwidth).
 Inference = prefill (compute-bound, never under the launch floor) + new_tokens decode steps; a
 decode step is max(bytes of weights and KV cache / achieved bandwidth, launch floor) with
 floor = layers x host seconds per layer (eager generate; 0 compiled), plus for eager attention the
@@ -67,7 +69,8 @@ class TimeBreakdown:
     prefill_s: float = 0.0
     decode_s_per_token: float = 0.0
     optimizer_s: float = 0.0     # the optimizer step (memory-bound)
-    overhead_s: float = 0.0      # fixed host work per step
+    overhead_s: float = 0.0      # fixed host work per step (data loading, scheduler, logging)
+    clip_s: float = 0.0          # the HF Trainer's gradient clipping before each optimizer step
     hfu: float = 0.0             # the achieved fraction on hardware FLOPs used for compute_s
     decode_tokens_per_s: float = 0.0      # batch / decode_s_per_token (prefill excluded)
     decode_floor_s_per_token: float = 0.0  # launch/host floor of one decode step
@@ -236,6 +239,21 @@ def optimizer_seconds(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown,
     return moved / (gpu.memory_bandwidth_bytes_per_s * time_constant("optimizer_bandwidth_fraction"))
 
 
+def clip_seconds(w: Workload, gpu: tables.GpuSpec, memory: MemoryBreakdown,
+                 off: frozenset = frozenset()) -> float:
+    """The HF Trainer clips the gradients before every optimizer step (TrainingArguments.max_grad_norm,
+    1.0 by default; transformers 5.23 trainer.py `_clip_grad_norm`: accelerate's clip_grad_norm_,
+    torch.nn.utils.clip_grad_norm_): the norm reads every gradient this GPU holds, the scaling reads
+    and writes them again, memory-bound like the optimizer step. Under offload the gradients are
+    clipped on the host with the optimizer step (`offload_seconds`); DeepSpeed clips its own fp32
+    gradient partition (`gradient_clipping`, which the HF integration fills from max_grad_norm):
+    the same bytes, counted in `memory.gradients_bytes`."""
+    if not w.training or w.offload != "none" or "clip" in off:
+        return 0.0
+    return 3.0 * memory.gradients_bytes / (gpu.memory_bandwidth_bytes_per_s
+                                           * time_constant("optimizer_bandwidth_fraction"))
+
+
 def backward_share(w: Workload) -> float:
     """The share of a micro-batch's compute its backward takes (the window a gradient reduction
     can hide in): the GEMM passes after the forward over all of them (`compute_time.gemm_passes`:
@@ -248,10 +266,11 @@ def backward_share(w: Workload) -> float:
 
 def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreakdown,
                inter_node: str, off: frozenset = frozenset(), host_s_per_op: float | None = None,
-               link_fraction: float = 1.0) -> TimeBreakdown:
-    """`off`: mechanisms left out (estimator.compute_time names, "hybrid", "offload", "launch_floor";
-    the bench's ablation). `host_s_per_op`: a calibration's launch floor per operator (None: the
-    time_constants.csv default). `link_fraction`: `communication`'s."""
+               link_fraction: float = 1.0, step_overhead_s: float | None = None) -> TimeBreakdown:
+    """`off`: mechanisms left out (estimator.compute_time names, "hybrid", "offload", "launch_floor",
+    "clip"; the bench's ablation). `host_s_per_op`: a calibration's launch floor per operator (None:
+    the time_constants.csv default). `link_fraction`: `communication`'s. `step_overhead_s`: a
+    calibration's fixed host work per step (None: the time_constants.csv default)."""
     flops = training_flops(w)
     peak = peak_flops(gpu, w)
     parts = compute_parts(w, gpu, hfu, off)
@@ -261,13 +280,14 @@ def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreak
     comm = communication(w, gpu, inter_node, off, link_fraction)
     exposed = comm.exposed_s(compute, micro_batch * backward_share(w))
     opt = optimizer_seconds(w, gpu, memory, off)
-    overhead = time_constant("step_overhead_s")
-    step = compute + exposed + opt + overhead
+    clip = clip_seconds(w, gpu, memory, off)
+    overhead = time_constant("step_overhead_s") if step_overhead_s is None else step_overhead_s
+    step = compute + exposed + opt + clip + overhead
     tokens = w.batch * w.seq * w.grad_accum
     model_flops = w.grad_accum * flops.model_flops
     return TimeBreakdown(step, compute, comm.total_s, exposed, tokens * w.dp / step, tokens / (step * w.tp * w.pp),
                          model_flops / (step * peak), peak / TFLOPS, model_flops, optimizer_s=opt,
-                         overhead_s=overhead, hfu=hfu, comm_bound=comm.overlappable_s > compute,
+                         overhead_s=overhead, clip_s=clip, hfu=hfu, comm_bound=comm.overlappable_s > compute,
                          compute_parts=parts.to_dict(), launch_floor_s=w.grad_accum * floor,
                          launch_bound=floor > parts.total_s, microbatch_s=micro_batch,
                          reduction_exposed_s=comm.last_reduction_exposed_s(micro_batch * backward_share(w)))

@@ -30,6 +30,7 @@ from estimator.defaults import overhead
 from estimator.quantities import FITTED_QUANTITIES as QUANTITIES
 from fitting.data import Dataset
 from fitting.models import Fit, fit_all
+from profiler import steps
 
 QUANTILE = 0.95
 # the factors that correct step time, by the steps that judge them: GEMM fractions on training steps,
@@ -47,13 +48,15 @@ def predict(data: Dataset, calibration, uncertain: bool = False) -> pd.DataFrame
     """Predicted quantities of every point with `calibration` ("none", a path or a Calibration);
     with `uncertain`, also each memory quantity's uncertain part (column "u_<quantity>")."""
     rows = []
-    for w in data.workloads:
+    clipped = data.frame["clipped"].to_numpy(bool) if "clipped" in data.frame else [False] * len(data.workloads)
+    for w, clips in zip(data.workloads, clipped):
         est = estimate(w, data.slug, calibration, cpu_trace=data.gpu == TRACE_GPU)
         m = est.memory
+        step = steps.loop_step_s(est.time, bool(clips)) if w.training else est.time.step_s
         row = {"peak_allocated_bytes": float(m.peak_allocated_bytes),
                "peak_reserved_bytes": float(m.peak_reserved_bytes),
                "device_used_bytes": float(m.device_used_bytes),
-               "context_bytes": float(m.cuda_context_bytes), "step_s": est.time.step_s}
+               "context_bytes": float(m.cuda_context_bytes), "step_s": step}
         if uncertain:
             row.update({f"u_{q}": float(v) for q, v in uncertain_bytes(m).items()})
         rows.append(row)
@@ -185,9 +188,10 @@ def without(fit: Fit, names, note: str = "") -> Fit:
 def fit_and_validate(data: Dataset) -> tuple[Fit, CvResult]:
     """Every factor the points support, judged by leaving one model out. Each group of time factors
     is kept only when, held out, it predicts the step time of the steps it corrects (training steps
-    for the GEMM fractions, inference steps for the decode factors) better (median |error|) than
-    the raw formulas: a run whose steps are bound by host work (small models on a slow host) gives
-    GEMM fractions that would make every GPU-bound step of that GPU far too slow."""
+    for the GEMM fractions, inference steps for the decode factors) better (a lower median |error|;
+    a tie is no evidence that they help) than the raw formulas: a run whose steps are bound by host
+    work (small models on a slow host) gives GEMM fractions that would make every GPU-bound step of
+    that GPU far too slow."""
     fit = fit_all(data.frame, data.gpu)
     cv = leave_one_model_out(data)
     dropped, notes = [], []
@@ -199,7 +203,7 @@ def fit_and_validate(data: Dataset) -> tuple[Fit, CvResult]:
         measured = data.frame["m_step_s"].to_numpy(float)[rows]
         held = metrics(cv.oof["step_s"].to_numpy(float)[rows], measured)
         raw = metrics(cv.raw["step_s"].to_numpy(float)[rows], measured)
-        if held and raw and held["median_abs"] > raw["median_abs"]:
+        if held and raw and held["median_abs"] >= raw["median_abs"]:   # a tie is no evidence it helps
             present = [n for n in names if n in fit.factors]
             dropped += present
             kind = "training" if on_training else "inference"

@@ -23,8 +23,8 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    enough points, else nvml-device-delta, else rows without a source; the other kinds' medians
    go to the notes); legacy nvml-device rows (whole-device memory) are never used.
 4. Step time [s] (`_fit_time`): per point the achieved GEMM fraction (HFU) that inverts
-   estimator.compute_time: work / (peak x (step_s - exposed communication - optimizer step - overhead
-   - the compute parts that do not scale with HFU: attention, elementwise, adapters, dequantization,
+   estimator.compute_time: work / (peak x (step_s - exposed communication - optimizer step - gradient
+   clipping (measured where the row timed them; the profiler's loop runs no other host work) - the compute parts that do not scale with HFU: attention, elementwise, adapters, dequantization,
    GEMM bytes)) (`hfu_terms`); `mfu["method|size"]` and `mfu["method"]` are medians;
    inference: the same on the prefill ("inference-prefill") and
    `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x (s per token / bitsandbytes
@@ -347,7 +347,13 @@ def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     if len(measured):   # a measured exposed reduction replaces the default's
         exposed = exposed.copy()
         exposed.loc[measured.index] = measured["m_exposed_s"]
-    compute = train["m_step_s"] - exposed - train["optimizer_s"] - train["overhead_s"]
+    # the measured step is the profiler's loop (profiler.steps.loop_step_s): no host work between
+    # steps, the optimizer step and the clipping as the row timed them (else as predicted; no
+    # clipping where the row's loop ran none)
+    optimizer = train["m_optimizer_s"].fillna(train["optimizer_s"]) if "m_optimizer_s" in train else train["optimizer_s"]
+    predicted_clip = train["clip_s"].where(train["clipped"].astype(bool), 0.0)
+    clip = train["m_clip_s"].fillna(predicted_clip) if "m_clip_s" in train else predicted_clip
+    compute = train["m_step_s"] - exposed - optimizer - clip
     # a step whose compute is no longer than its operators take the host to dispatch at the default
     # rate (within LAUNCH_MARGIN) is bound by that dispatch (estimator.timing's launch floor): it
     # sets the host's seconds per operator and says nothing of the GEMMs' fraction. (The default

@@ -19,6 +19,7 @@ from estimator.memory import round_up
 from estimator.configs import load_spec
 from estimator.errors import InputError
 from estimator.workload import Workload
+from profiler import steps
 from profiler.record import COLUMN_NAMES, new_row
 
 MiB = 2**20
@@ -115,7 +116,13 @@ def rows(gpu: str = "h100-80gb", factors: dict | None = None, noise: float = 0.0
             context = int(cal.context_bytes()[0] * (1 + noise / 4 * rng.standard_normal()))
             outside = m.device_used_bytes - m.peak_reserved_bytes - m.cuda_context_bytes
             used = int(reserved + context + outside * (1 + noise * rng.standard_normal()))
-            step = t.step_s * (1 + noise * rng.standard_normal())
+            step = t.step_s
+            if w.training:   # as the profiler's loop runs it (profiler.steps.loop_step_s): clipping timed, but not under DeepSpeed
+                clips = not w.zero
+                step = steps.loop_step_s(t, clips)
+                if clips:
+                    row["clip_s"] = t.clip_s
+            step *= 1 + noise * rng.standard_normal()
             row.update(peak_allocated_bytes=alloc, peak_reserved_bytes=reserved, device_used_bytes=used,
                        device_used_source="nvml-process", context_bytes=context, step_s=step)
             if not w.training:

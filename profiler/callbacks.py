@@ -7,7 +7,8 @@ After `warmup_steps` optimizer steps it resets the allocator's peaks, then times
 end of training it writes one measurement row (profiler/record.py's schema, the profiler's own
 columns: peak allocated and reserved from the caching allocator, NVML device used where NVML maps
 the device, median step time) beside the model's config.json, and prints predicted against
-measured. The Workload comes from the trainer itself: `TrainingArguments.to_dict()` through the one
+measured; the optimizer step is timed on its own too (`optimizer_s`, between the Trainer's
+on_pre_optimizer_step and on_optimizer_step: optimizer.step alone). The Workload comes from the trainer itself: `TrainingArguments.to_dict()` through the one
 mapping of estimator/sources/training_args.py (batch, accumulation, checkpointing, precision, optim,
 DeepSpeed and FSDP settings), the peft adapter config (estimator/sources/peft.py) and the model's
 bitsandbytes quantization config (estimator/sources/quantization.py); the sequence length from
@@ -33,7 +34,7 @@ from estimator.files import atomic_write_text, utc_now
 from estimator.sources import peft as peft_source
 from estimator.sources import quantization, training_args
 from estimator.workload import Workload, method_defaults
-from profiler import record
+from profiler import record, steps
 from profiler.device import cuda
 
 
@@ -47,7 +48,9 @@ class MeasureCallback(TrainerCallback):
         self.out, self.warmup, self.seq, self.gpu, self.source, self.compare = (
             Path(out), warmup_steps, seq, gpu, source, compare)
         self.times: list[float] = []
+        self.optimizer_times: list[float] = []   # optimizer.step alone (the Trainer's pre/post hooks)
         self._t0: float | None = None
+        self._t_opt: float | None = None
         self._device = "cpu"
         self._seen_seq: int | None = None
         self.row: dict | None = None
@@ -74,6 +77,17 @@ class MeasureCallback(TrainerCallback):
         if state.global_step >= self.warmup:
             cuda.synchronize(self._device)
             self._t0 = time.perf_counter()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self._t0 is not None:
+            cuda.synchronize(self._device)
+            self._t_opt = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self._t0 is not None and self._t_opt is not None:
+            cuda.synchronize(self._device)
+            self.optimizer_times.append(time.perf_counter() - self._t_opt)
+            self._t_opt = None
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._t0 is not None:
@@ -113,6 +127,7 @@ class MeasureCallback(TrainerCallback):
             steps=len(self.times), peak_allocated_bytes=peaks.allocated_bytes,
             peak_reserved_bytes=peaks.reserved_bytes, step_s=step_s, step_s_min=min(self.times),
             step_s_max=max(self.times), tokens_per_s=w.batch * w.seq * w.grad_accum / step_s,
+            optimizer_s=statistics.median(self.optimizer_times) if self.optimizer_times else None,
             source=self.source, locator=str(getattr(args, "output_dir", "")), stated=",".join(stated),
             gpu_slug=slug, started_at=utc_now(), message="measured by profiler.callbacks.MeasureCallback")
 
@@ -211,8 +226,9 @@ def comparison(row: dict) -> str:
         predicted = getattr(e.memory, name.replace(" ", "_") + "_bytes")
         shown = "not measured" if measured is None else f"{measured / 2**30:.2f} GiB ({predicted / measured - 1:+.1%})"
         lines.append(f"  {name:<16} predicted {predicted / 2**30:.2f} GiB   measured {shown}")
-    if row["backend"] == "cuda":
-        lines.append(f"  {'step time':<16} predicted {e.time.step_s:.3f} s   measured {row['step_s']:.3f} s")
+    if row["backend"] == "cuda":   # the step between on_step_begin and on_step_end: no data loading or logging
+        predicted = steps.loop_step_s(e.time, steps.clipped(row))
+        lines.append(f"  {'step time':<16} predicted {predicted:.3f} s   measured {row['step_s']:.3f} s")
     else:
         lines.append(f"  {'step time':<16} measured {row['step_s']:.3f} s on the CPU (no GPU prediction to compare)")
     return "\n".join(lines)

@@ -348,19 +348,20 @@ def _ddp(model, device: str):
 
 
 def _train_phases(model, optimizer, batch, w: Workload, device: str) -> list:
-    """[forward and backward of every micro-batch, optimizer step]: steps.train_step in two timed
-    phases, so that the optimizer step is measured on its own (`optimizer_s`). Where the model
-    reduces gradients across ranks and accumulates (`steps.reduction_timed_apart`), three: the
-    micro-batches in no_sync, the last one (whose backward reduces), the optimizer step, so that
-    the exposed reduction is measured (`nosync_microbatch_s`, `sync_microbatch_s`); the same work
-    in the same order either way."""
+    """[forward and backward of every micro-batch, gradient clipping, optimizer step]: the HF
+    Trainer's step in three timed phases, so that the clipping and the optimizer step are measured
+    on their own (`clip_s`, `optimizer_s`). Where the model reduces gradients across ranks and
+    accumulates (`steps.reduction_timed_apart`), four: the micro-batches in no_sync, the last one
+    (whose backward reduces), the clipping, the optimizer step, so that the exposed reduction is
+    measured (`nosync_microbatch_s`, `sync_microbatch_s`); the same work in the same order either way."""
     device_type = device.split(":")[0]
     k = w.grad_accum
+    clip = lambda: steps.clip_gradients(model)  # noqa: E731
     step = lambda: steps.optimizer_step(optimizer)  # noqa: E731
     if steps.reduction_timed_apart(w):
         return [lambda: steps.micro_batches(model, batch, w, device_type, range(k - 1)),
-                lambda: steps.micro_batches(model, batch, w, device_type, [k - 1]), step]
-    return [lambda: steps.forward_backward(model, batch, w, device_type), step]
+                lambda: steps.micro_batches(model, batch, w, device_type, [k - 1]), clip, step]
+    return [lambda: steps.forward_backward(model, batch, w, device_type), clip, step]
 
 
 def _inference_phases(model, batch, w: Workload, device: str) -> list:
@@ -418,9 +419,10 @@ def run_case(case: Case, backend: str, local_rank: int, world_size: int) -> dict
            "host_offload_bytes": offload() if offload else None}
     if not w.training:
         row.update(measure.inference_split(w, measured.phase_s))
-    elif len(measured.phase_s) >= 2:            # forward/backward, optimizer step (not DeepSpeed's)
+    elif len(measured.phase_s) >= 3:            # forward/backward, clipping, optimizer step (not DeepSpeed's)
         row["optimizer_s"] = float(measured.phase_s[-1])
-        if len(measured.phase_s) == 3:          # no_sync micro-batches, the reducing one (_train_phases)
+        row["clip_s"] = float(measured.phase_s[-2])
+        if len(measured.phase_s) == 4:          # no_sync micro-batches, the reducing one (_train_phases)
             row["nosync_microbatch_s"] = float(measured.phase_s[0]) / (w.grad_accum - 1)
             row["sync_microbatch_s"] = float(measured.phase_s[1])
     row.update(measure.rates(w, measured.step_s, env["gpu_slug"]))

@@ -13,7 +13,10 @@ failed). What each backend measures (anything else is "not measured", never 0 an
 - trace: peak_allocated_bytes only (a fake-tensor trace has neither allocator segments nor time);
 - cpu: nothing comparable (no device memory; CPU step time says nothing about a GPU).
 Predictions use estimator.api.estimate on the row's GPU (--gpu overrides; trace rows without a
-GPU use estimator.calibration.TRACE_PREDICTION_GPU, which only the time would depend on).
+GPU use estimator.calibration.TRACE_PREDICTION_GPU, which only the time would depend on). A training
+step is predicted as the row's loop ran it (profiler.steps.loop_step_s): the estimate's step less
+the fixed host work between steps (data loading, logging: the profiler's loop has none), and less
+the gradient clipping where the row did not clip.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from estimator.units import gib
 from estimator.workload import Workload
 from profiler.plot import parity_plot
 from profiler.record import measured_value, merge_ranks, workload_from_row
+from profiler import steps
 from profiler.steps import reduction_timed_apart
 
 
@@ -70,6 +74,7 @@ QUANTITIES = (
     Quantity("prefill_s", "s", _prefill, ("cuda",), inference_only=True),
     Quantity("decode_token_s", "s", _decode, ("cuda",), inference_only=True),
     Quantity("optimizer_s", "s", lambda e: e.time.optimizer_s, ("cuda",), training_only=True),
+    Quantity("clip_s", "s", lambda e: e.time.clip_s, ("cuda",), training_only=True),
     Quantity("nosync_microbatch_s", "s", _nosync, ("cuda",), training_only=True),
     Quantity("sync_microbatch_s", "s", _sync, ("cuda",), training_only=True),
 )
@@ -117,7 +122,10 @@ def estimate_predictor(gpu: str | None = None, calibration: str = "auto") -> Cal
         workload: Workload = workload_from_row(row)
         table = "none" if (traced and calibration == "auto") else calibration
         est = estimate(workload, slug, calibration=table, cpu_trace=traced)
-        return slug, {q.name: q.predicted(est) for q in QUANTITIES}
+        values = {q.name: q.predicted(est) for q in QUANTITIES}
+        if workload.training:   # what the row's loop ran: no host work between steps, its clipping
+            values["step_s"] = steps.loop_step_s(est.time, steps.clipped(row))
+        return slug, values
     return predict
 
 

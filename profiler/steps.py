@@ -32,6 +32,37 @@ def train_step(model, optimizer, batch: Batch, w: Workload, device_type: str) ->
     optimizer_step(optimizer)
 
 
+MAX_GRAD_NORM = 1.0   # TrainingArguments.max_grad_norm's default
+
+
+def clip_gradients(model) -> None:
+    """What the HF Trainer runs between the last micro-batch and the optimizer step: the gradients
+    clipped to max_grad_norm (transformers 5.23 trainer.py `_clip_grad_norm`: accelerate's
+    clip_grad_norm_, torch.nn.utils.clip_grad_norm_ over every parameter). Timed on its own by the
+    profiler (`clip_s`); not run by `train_step`, which the tracer traces (its few scalars of norms
+    change no peak)."""
+    import torch
+
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], MAX_GRAD_NORM)
+
+
+def clipped(row) -> bool:
+    """Whether a measured training row's step ran the Trainer's gradient clipping: the profiler's
+    own rows did exactly when they timed it (`clip_s`); a row from a real job (one naming its
+    `source`, as the Trainer callback's do) ran the Trainer, which clips."""
+    from profiler.record import measured_value
+
+    return measured_value(row.get("clip_s")) is not None or bool(str(row.get("source") or "").strip())
+
+
+def loop_step_s(time, clipped: bool) -> float:
+    """What the profiler's training loop measures as `step_s`, predicted from an estimate's time
+    (estimator.timing.TimeBreakdown): the loop runs no host work between steps (no data loader,
+    scheduler or logging: the estimate's fixed `overhead_s`) and clips the gradients only where the
+    row timed the clipping (`clip_s`: DeepSpeed's engine and the rows before it did not)."""
+    return time.step_s - time.overhead_s - (0.0 if clipped else time.clip_s)
+
+
 def optimizer_step(optimizer) -> None:
     """The optimizer step of `train_step`, timed on its own by the profiler (`optimizer_s`)."""
     optimizer.step()

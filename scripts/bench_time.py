@@ -153,14 +153,14 @@ def without(w: Workload, gpu_slug: str, est, off: frozenset):
 def implied_hfu(row: dict, w: Workload, est) -> float | None:
     """The GEMM fraction (HFU) that would make the estimator's compute match the row: the compute sum
     inverted (estimator.compute_time.hfu_terms: compute = work / (peak x HFU) + fixed) on the measured
-    time less the step's exposed communication, optimizer step and fixed overhead. Training and prefill
+    time less the step's exposed communication, optimizer step, gradient clipping and fixed overhead. Training and prefill
     rows only; inf where the parts that do not depend on HFU already exceed the measurement."""
     t, gpu = est.time, tables.gpu(row["gpu_slug"])
     if row["metric"] == "prefill_s":
         compute = measured_time(row)
     elif w.training and row["metric"] in ("step_s", "job_s"):
         step = measured_time(row) * t.step_s / predicted_time(row, w, t)   # per optimizer step
-        compute = (step - t.exposed_comm_s - t.optimizer_s - t.overhead_s) / w.grad_accum
+        compute = (step - t.exposed_comm_s - t.optimizer_s - t.clip_s - t.overhead_s) / w.grad_accum
     else:
         return None
     work, fixed = hfu_terms(w, gpu)

@@ -60,6 +60,8 @@ def test_the_callback_records_the_real_job(tmp_path, capsys, lora):
     row = {k: record.parse_value(k, v) for k, v in rows[0].items()}
     assert row["backend"] == "cpu" and row["status"] == "ok"
     assert row["steps"] == 3 and row["step_s"] > 0                      # 4 steps, 1 of warm-up
+    # optimizer.step alone, between the Trainer's pre- and post-optimizer events, inside each step
+    assert len(callback.optimizer_times) == 3 and 0 < row["optimizer_s"] < row["step_s"]
     assert row["peak_allocated_bytes"] is None and row["peak_reserved_bytes"] is None   # not measured
     w = record.workload_from_row(row)
     assert (w.batch, w.grad_accum, w.grad_ckpt, w.seq, w.precision) == (2, 2, True, SEQ, "bf16")

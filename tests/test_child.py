@@ -369,10 +369,29 @@ def test_after_a_sticky_cuda_error_the_row_keeps_the_gpu_name_read_before(monkey
     assert child.safe_environment("cpu")["gpu_name"] == "AMD EPYC"
 
 
-def test_a_training_row_times_its_optimizer_step(tmp_path, single_process):
-    """The step is two timed phases (forward and backward, optimizer step): `optimizer_s` is the
-    second's median, a part of the whole step."""
+def test_a_training_row_times_its_clipping_and_optimizer_step(tmp_path, single_process):
+    """The step is three timed phases (forward and backward, the HF Trainer's gradient clipping,
+    optimizer step): `clip_s` and `optimizer_s` are the last two's medians, parts of the whole step."""
     code, rows = _main(tmp_path, {"seq": 16})
     row = rows[0]
     assert code == 0 and row["status"] == "ok"
     assert 0 < row["optimizer_s"] < row["step_s"]
+    assert 0 < row["clip_s"] < row["step_s"]
+    assert row["clip_s"] + row["optimizer_s"] < row["step_s"]
+
+
+def test_the_clipping_phase_clips_as_the_trainer_does():
+    """steps.clip_gradients scales the gradients to a total norm of max_grad_norm (1.0), as
+    torch.nn.utils.clip_grad_norm_ in the HF Trainer does, and leaves parameters without one alone."""
+    import torch
+
+    from profiler import steps
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model[0].weight.grad = torch.full((4, 4), 3.0)
+    model[1].weight.grad = torch.full((1, 4), 4.0)
+    steps.clip_gradients(model)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    assert float(total) == pytest.approx(steps.MAX_GRAD_NORM, rel=1e-5)
+    assert model[0].bias.grad is None

@@ -130,7 +130,14 @@ def test_the_estimator_predictor_rebuilds_the_workload_from_the_row():
     assert slug == "a100-80gb"
     assert predicted["peak_allocated_bytes"] == expected.memory.peak_allocated_bytes
     assert predicted["device_used_bytes"] == expected.memory.device_used_bytes
-    assert predicted["step_s"] == expected.time.step_s
+    # the profiler's loop runs no host work between steps, and this row timed no clipping: the
+    # estimate's step less its fixed overhead and its clipping
+    t = expected.time
+    assert t.overhead_s > 0 and t.clip_s > 0
+    assert predicted["step_s"] == pytest.approx(t.step_s - t.overhead_s - t.clip_s)
+    clipped = new_row(case, "cuda", status="ok", gpu_slug="a100-80gb", step_s=0.01, clip_s=0.001)
+    assert estimate_predictor(calibration="none")(clipped)[1]["step_s"] == pytest.approx(t.step_s - t.overhead_s)
+    assert estimate_predictor(calibration="none")(clipped)[1]["clip_s"] == t.clip_s
     slug, _ = estimate_predictor(gpu="h100-80gb", calibration="none")(r)  # --gpu wins over the row
     assert slug == "h100-80gb"
 

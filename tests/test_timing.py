@@ -318,7 +318,12 @@ def test_optimizer_step_streams_the_states(llama):
     # pure bf16 AdamW: weights 2 B (read + write), gradients 2 B (read), two bf16 moments 4 B (read + write)
     assert t.optimizer_s == pytest.approx((2 * 2 * p + 2 * p + 2 * 4 * p) / (H100_BW * 0.7), rel=1e-6)
     assert t.overhead_s == pytest.approx(0.02)
-    assert t.step_s == pytest.approx(t.compute_s + t.exposed_comm_s + t.optimizer_s + t.overhead_s)
+    # the HF Trainer's clipping (max_grad_norm 1.0): the norm reads the bf16 gradients, the scaling
+    # reads and writes them, at the optimizer step's bandwidth
+    assert t.clip_s == pytest.approx(3 * 2 * p / (H100_BW * 0.7), rel=1e-6)
+    assert t.step_s == pytest.approx(t.compute_s + t.exposed_comm_s + t.optimizer_s + t.clip_s + t.overhead_s)
+    off = estimate(Workload(llama, batch=1, seq=512, zero=2, offload="optimizer"), "h100-80gb", "none").time
+    assert off.clip_s == 0.0     # offloaded: clipped on the host with the optimizer step
 
 
 def test_exposed_comm_is_hidden_when_compute_covers_it(llama):
