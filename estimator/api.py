@@ -180,7 +180,8 @@ def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBre
     if w.training:
         return train_time(w, gpu, hfu, memory, inter_node,
                           host_s_per_op=corrections["training_host_s_per_op"]["value"],
-                          link_fraction=corrections["comm_bandwidth_fraction"]["value"])
+                          link_fraction=corrections["comm_bandwidth_fraction"]["value"],
+                          step_overhead_s=corrections["step_overhead_s"]["value"])
     return inference_time(w, gpu, hfu, corrections["decode_bandwidth_fraction"]["value"], memory,
                           host_s_per_layer=corrections["decode_host_s_per_layer"]["value"])
 

@@ -26,6 +26,8 @@ value came from where. The factors and what each one means (units in brackets):
 - `comm_bandwidth_fraction`: the share of the links' bandwidth the data-parallel collectives reach,
   from the gradient reductions multi-GPU runs measured (the micro-batch that reduces against the
   no_sync ones).
+- `step_overhead_s` [s]: the host's work between optimizer steps of a real job (data loading,
+  logging), from the gaps the Trainer callback measured (`overhead_s`).
 
 Next to the factors: `provenance` (measurement files with sha256, rows and dates, backends,
 versions with counts, models), `versions` (each library's versions seen), `range` (params,
@@ -85,6 +87,7 @@ _FACTORS = {
     "decode_host_s_per_layer": ("num", 1e-5, 0.05),
     "training_host_s_per_op": ("num", 1e-7, 1e-3),
     "comm_bandwidth_fraction": ("num", COMM_FRACTION_MIN, 1.0),
+    "step_overhead_s": ("num", 0.0, 10.0),
 }
 DEVICE_INDEPENDENT = ("activation_scale", "inference_activation_scale", "logits_scale",
                       "optimizer_temporaries_scale")
@@ -283,6 +286,13 @@ class Calibration:
             return self._scalar("comm_bandwidth_fraction", None, float)
         return float(time_constant("comm_bandwidth_fraction")), "default"
 
+    def step_overhead_s(self) -> tuple[float, str]:
+        """Host seconds between optimizer steps: a table's, fitted from the gaps real jobs measured
+        (profiler.callbacks, `overhead_s`), else time_constants.csv's assumption."""
+        if "step_overhead_s" in self.factors:
+            return self._scalar("step_overhead_s", None, float)
+        return float(time_constant("step_overhead_s")), "default"
+
     def upper_bound(self, quantity: str = "device_used_bytes") -> dict | None:
         """{"factor", "quantile", "coverage", "points"} for `quantity`, or None. Not offered when
         the table's device factors are not applied (another GPU's table)."""
@@ -418,7 +428,8 @@ def _time_items(cal: Calibration, method: str, training: bool, gpu_slug: str, pa
     items = (("mfu", *cal.mfu(method, gpu_slug, params_active)),)
     if training:
         items += (("training_host_s_per_op", *cal.training_host_s_per_op()),
-                  ("comm_bandwidth_fraction", *cal.comm_bandwidth_fraction()))
+                  ("comm_bandwidth_fraction", *cal.comm_bandwidth_fraction()),
+                  ("step_overhead_s", *cal.step_overhead_s()))
     else:
         items += (("decode_bandwidth_fraction", *cal.decode_bandwidth_fraction(gpu_slug)),
                   ("decode_host_s_per_layer", *cal.decode_host_s_per_layer()))

@@ -8,8 +8,8 @@ seconds in `_s`. A quantity that was not measured is None in Python (an empty ce
 from __future__ import annotations
 
 MEMORY_QUANTITIES = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes", "context_bytes")
-TIME_QUANTITIES = ("step_s", "prefill_s", "decode_token_s", "optimizer_s", "clip_s", "nosync_microbatch_s",
-                   "sync_microbatch_s")
+TIME_QUANTITIES = ("step_s", "prefill_s", "decode_token_s", "optimizer_s", "clip_s", "overhead_s",
+                   "nosync_microbatch_s", "sync_microbatch_s")
 QUANTITIES = MEMORY_QUANTITIES + TIME_QUANTITIES
 # What a calibration table is fitted and cross-validated on (fitting.data, fitting.cv).
 FITTED_QUANTITIES = MEMORY_QUANTITIES + ("step_s",)

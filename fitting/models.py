@@ -42,6 +42,9 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    exposure falls as f grows; clipped to [COMM_FRACTION_MIN, 1]), `comm_bandwidth_fraction` their
    median. The step-time fit (4.) then takes the measured exposure where the reduction is all
    the step's traffic (DDP).
+6. Host work between steps (`_fit_overhead`): `step_overhead_s` = the median of the gaps real jobs
+   measured between one step's end and the next one's begin (the Trainer callback's `overhead_s`:
+   data loading, logging); the profiler's own loop has none.
 """
 
 from __future__ import annotations
@@ -338,6 +341,17 @@ def _fit_comm(frame: pd.DataFrame, fit: Fit) -> None:
     fit.points["comm_bandwidth_fraction"] = int(len(rows))
 
 
+def _fit_overhead(frame: pd.DataFrame, fit: Fit) -> None:
+    """`step_overhead_s`: the median of the host's time between steps that real jobs measured
+    (the Trainer callback's `overhead_s`); the profiler's own loop has none and measures none."""
+    if "m_overhead_s" not in frame:
+        return
+    gaps = frame.loc[frame["training"] & frame["m_overhead_s"].notna(), "m_overhead_s"]
+    if len(gaps) >= MIN_POINTS:
+        fit.factors["step_overhead_s"] = _r(float(np.median(gaps)))
+        fit.points["step_overhead_s"] = int(len(gaps))
+
+
 def _fit_time(frame: pd.DataFrame, fit: Fit) -> None:
     mfu, points = {}, {}
     train = frame[frame["training"] & frame["m_step_s"].notna()]
@@ -416,4 +430,5 @@ def fit_all(frame: pd.DataFrame, gpu: str) -> Fit:
         _fit_device(frame, fit)
         _fit_comm(frame, fit)
         _fit_time(frame, fit)
+        _fit_overhead(frame, fit)
     return fit

@@ -8,7 +8,10 @@ end of training it writes one measurement row (profiler/record.py's schema, the 
 columns: peak allocated and reserved from the caching allocator, NVML device used where NVML maps
 the device, median step time) beside the model's config.json, and prints predicted against
 measured; the optimizer step is timed on its own too (`optimizer_s`, between the Trainer's
-on_pre_optimizer_step and on_optimizer_step: optimizer.step alone). The Workload comes from the trainer itself: `TrainingArguments.to_dict()` through the one
+on_pre_optimizer_step and on_optimizer_step: optimizer.step alone), and so is the host's work
+between steps (`overhead_s`: from one step's on_step_end to the next one's on_step_begin, where the
+Trainer logs, evaluates and saves when due and fetches the next batches; the median, so the
+periodic logging and saving do not weigh). The Workload comes from the trainer itself: `TrainingArguments.to_dict()` through the one
 mapping of estimator/sources/training_args.py (batch, accumulation, checkpointing, precision, optim,
 DeepSpeed and FSDP settings), the peft adapter config (estimator/sources/peft.py) and the model's
 bitsandbytes quantization config (estimator/sources/quantization.py); the sequence length from
@@ -51,6 +54,8 @@ class MeasureCallback(TrainerCallback):
         self.optimizer_times: list[float] = []   # optimizer.step alone (the Trainer's pre/post hooks)
         self._t0: float | None = None
         self._t_opt: float | None = None
+        self.between_times: list[float] = []    # a step's end to the next one's begin (host work)
+        self._t_end: float | None = None
         self._device = "cpu"
         self._seen_seq: int | None = None
         self.row: dict | None = None
@@ -77,6 +82,9 @@ class MeasureCallback(TrainerCallback):
         if state.global_step >= self.warmup:
             cuda.synchronize(self._device)
             self._t0 = time.perf_counter()
+            if self._t_end is not None:   # the host's work since the last step ended
+                self.between_times.append(self._t0 - self._t_end)
+                self._t_end = None
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self._t0 is not None:
@@ -92,7 +100,8 @@ class MeasureCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self._t0 is not None:
             cuda.synchronize(self._device)
-            self.times.append(time.perf_counter() - self._t0)
+            self._t_end = time.perf_counter()
+            self.times.append(self._t_end - self._t0)
             self._t0 = None
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
@@ -128,6 +137,7 @@ class MeasureCallback(TrainerCallback):
             peak_reserved_bytes=peaks.reserved_bytes, step_s=step_s, step_s_min=min(self.times),
             step_s_max=max(self.times), tokens_per_s=w.batch * w.seq * w.grad_accum / step_s,
             optimizer_s=statistics.median(self.optimizer_times) if self.optimizer_times else None,
+            overhead_s=statistics.median(self.between_times) if self.between_times else None,
             source=self.source, locator=str(getattr(args, "output_dir", "")), stated=",".join(stated),
             gpu_slug=slug, started_at=utc_now(), message="measured by profiler.callbacks.MeasureCallback")
 

@@ -75,6 +75,7 @@ QUANTITIES = (
     Quantity("decode_token_s", "s", _decode, ("cuda",), inference_only=True),
     Quantity("optimizer_s", "s", lambda e: e.time.optimizer_s, ("cuda",), training_only=True),
     Quantity("clip_s", "s", lambda e: e.time.clip_s, ("cuda",), training_only=True),
+    Quantity("overhead_s", "s", lambda e: e.time.overhead_s, ("cuda",), training_only=True),
     Quantity("nosync_microbatch_s", "s", _nosync, ("cuda",), training_only=True),
     Quantity("sync_microbatch_s", "s", _sync, ("cuda",), training_only=True),
 )

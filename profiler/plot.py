@@ -13,7 +13,7 @@ from estimator.files import atomic_write
 from estimator.quantities import QUANTITIES
 
 BAND = 0.10
-_MARKERS = dict(zip(QUANTITIES, ("o", "s", "^", "h", "D", "v", "P", "X", "*", "<", ">")))  # one per quantity, in order
+_MARKERS = dict(zip(QUANTITIES, ("o", "s", "^", "h", "D", "v", "P", "X", "*", "p", "<", ">")))  # one per quantity, in order
 _PANELS = (("bytes", "memory (GiB)", 2.0**30), ("s", "time (s)", 1.0))
 
 

@@ -75,6 +75,9 @@ _RUN = [
                     "the forward and backward of every micro-batch and the clipping; not split under DeepSpeed)"),
     ("clip_s", "training: median seconds of the gradient clipping before the optimizer step (the HF "
                "Trainer's max_grad_norm 1.0: torch.nn.utils.clip_grad_norm_; not under DeepSpeed)"),
+    ("overhead_s", "training, a real job (the Trainer callback): median seconds between one step's end "
+                   "and the next one's begin (data loading, logging and saving when due); the profiler's "
+                   "loop has none"),
     ("nosync_microbatch_s", "training with gradient accumulation under DDP or FSDP: median seconds of "
                             "one micro-batch's forward and backward inside no_sync (no gradient reduction)"),
     ("sync_microbatch_s", "the same run: median seconds of the last micro-batch, whose backward reduces the "
@@ -121,7 +124,8 @@ MEASURED_BYTES = MEMORY_QUANTITIES + ("host_rss_bytes",)
 RANK_MAX_BYTES = MEASURED_BYTES + ("host_offload_bytes", "weights_bytes")
 # merge_ranks: these come together from the slowest rank (largest step_s)
 STEP_TIME_COLUMNS = ("step_s", "step_s_min", "step_s_max", "step_spread", "prefill_s", "decode_token_s",
-                     "optimizer_s", "clip_s", "nosync_microbatch_s", "sync_microbatch_s", "tokens_per_s", "mfu")
+                     "optimizer_s", "clip_s", "overhead_s", "nosync_microbatch_s", "sync_microbatch_s",
+                     "tokens_per_s", "mfu")
 STATUS_PRIORITY = ("oom", "error", "skipped", "ok")  # a configuration's status: the first any rank has
 _FLOAT_COLUMNS = {"step_spread", "mfu"}
 _INT_COLUMNS = {"rank", "world_size", "warmup", "steps", "alloc_retries"}

@@ -62,6 +62,9 @@ def test_the_callback_records_the_real_job(tmp_path, capsys, lora):
     assert row["steps"] == 3 and row["step_s"] > 0                      # 4 steps, 1 of warm-up
     # optimizer.step alone, between the Trainer's pre- and post-optimizer events, inside each step
     assert len(callback.optimizer_times) == 3 and 0 < row["optimizer_s"] < row["step_s"]
+    # the host's work between steps: from each timed step's end to the next one's begin
+    assert len(callback.between_times) == 2 and row["overhead_s"] == pytest.approx(
+        sorted(callback.between_times)[0] / 2 + sorted(callback.between_times)[1] / 2) and row["overhead_s"] > 0
     assert row["peak_allocated_bytes"] is None and row["peak_reserved_bytes"] is None   # not measured
     w = record.workload_from_row(row)
     assert (w.batch, w.grad_accum, w.grad_ckpt, w.seq, w.precision) == (2, 2, True, SEQ, "bf16")

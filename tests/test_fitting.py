@@ -435,3 +435,33 @@ def test_the_link_fraction_is_recovered_from_timed_reductions(tmp_path):
     path.write_text(json.dumps({"schema": SCHEMA, "gpu": pcie, "factors": {"comm_bandwidth_fraction": 0.6}}))
     cal, plain = estimate(w, pcie, str(path)).time, estimate(w, pcie, "none").time
     assert cal.comm_s > plain.comm_s * 1.6 and cal.exposed_comm_s > plain.exposed_comm_s
+
+
+def test_the_host_work_between_steps_is_fitted_from_real_jobs(tmp_path):
+    # Trainer-callback rows (a real job names its source) measured the gaps between steps; the
+    # profiler's own rows measure none and do not count
+    from profiler.record import new_row
+
+    gpu, records = "a100-80gb", []
+    gaps = {"llama-3.2-1b": 0.031, "qwen2.5-1.5b": 0.012, "llama-3.2-3b": 0.055, "qwen3-1.7b": 0.019}
+    for name, gap in gaps.items():
+        w = Workload(load_spec(name), method="lora", batch=1, seq=256)
+        t = estimate(w, gpu, "none").time
+        records.append(new_row(None, "cuda", workload=w, model=name, status="ok", message="", warmup=1, steps=3,
+                               gpu_slug=gpu, step_s=t.step_s, overhead_s=gap, source="trainer-callback",
+                               started_at=f"2026-11-27T00:0{len(records)}:00Z"))
+    records.append(new_row(None, "cuda", workload=Workload(load_spec("qwen3-0.6b"), method="lora", batch=1, seq=256),
+                           model="qwen3-0.6b", status="ok", message="", warmup=1, steps=3, gpu_slug=gpu, step_s=0.1,
+                           started_at="2026-11-27T00:09:00Z"))
+    data = load([synthetic.write_csv(records, tmp_path / "jobs.csv")], gpu)
+    fit = fit_all(data.frame, gpu)
+    assert fit.factors["step_overhead_s"] == pytest.approx((0.019 + 0.031) / 2)   # median of the four
+    assert fit.points["step_overhead_s"] == 4
+    # a table saying so replaces the 0.02 s assumption in every training step
+    w = Workload(load_spec("llama-3.2-1b"), method="lora", batch=1, seq=256)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "gpu": gpu, "factors": {"step_overhead_s": 0.025}}))
+    cal, plain = estimate(w, gpu, str(path)).time, estimate(w, gpu, "none").time
+    assert plain.overhead_s == pytest.approx(0.02) and cal.overhead_s == pytest.approx(0.025)
+    assert cal.step_s - plain.step_s == pytest.approx(0.005)
+    assert estimate(w, gpu, str(path)).corrections["step_overhead_s"]["value"] == pytest.approx(0.025)
