@@ -139,7 +139,7 @@ class _Before:
 
 # mechanisms the ablation turns off one at a time (estimator.compute_time, estimator.timing `off`)
 MECHANISMS = ("gemm_size", "causal_attention", "elementwise", "adapters", "dequant", "offload", "hybrid",
-              "launch_floor")
+              "launch_floor", "clip")
 
 
 def without(w: Workload, gpu_slug: str, est, off: frozenset):
