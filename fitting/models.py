@@ -23,9 +23,10 @@ estimator.api apply the factor, so a fitted factor means exactly what the estima
    enough points, else nvml-device-delta, else rows without a source; the other kinds' medians
    go to the notes); legacy nvml-device rows (whole-device memory) are never used.
 4. Step time [s] (`_fit_time`): per point the achieved GEMM fraction (HFU) that inverts
-   estimator.compute_time: work / (peak x (step_s - exposed communication - optimizer step - gradient
-   clipping (measured where the row timed them; the profiler's loop runs no other host work) - the compute parts that do not scale with HFU: attention, elementwise, adapters, dequantization,
-   GEMM bytes)) (`hfu_terms`); `mfu["method|size"]` and `mfu["method"]` are medians;
+   estimator.compute_time: work / (peak x (step_s - exposed communication - optimizer step -
+   gradient clipping (measured where the row timed them; the profiler's loop runs no other host
+   work) - the compute parts that do not scale with HFU: attention, elementwise, adapters,
+   dequantization, GEMM bytes)) (`hfu_terms`); `mfu["method|size"]` and `mfu["method"]` are medians;
    inference: the same on the prefill ("inference-prefill") and
    `decode_bandwidth_fraction` = bytes read per token / (peak bandwidth x (s per token / bitsandbytes
    slowdown - TP time - eager attention)), on the steps above the launch floor only;

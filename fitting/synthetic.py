@@ -117,8 +117,8 @@ def rows(gpu: str = "h100-80gb", factors: dict | None = None, noise: float = 0.0
             outside = m.device_used_bytes - m.peak_reserved_bytes - m.cuda_context_bytes
             used = int(reserved + context + outside * (1 + noise * rng.standard_normal()))
             step = t.step_s
-            if w.training:   # as the profiler's loop runs it (profiler.steps.loop_step_s): clipping timed, but not under DeepSpeed
-                clips = not w.zero
+            if w.training:   # as the profiler's loop runs it (profiler.steps.loop_step_s)
+                clips = not w.zero   # the clipping is timed, but not under DeepSpeed's engine
                 step = steps.loop_step_s(t, clips)
                 if clips:
                     row["clip_s"] = t.clip_s

@@ -11,8 +11,8 @@ measured; the optimizer step is timed on its own too (`optimizer_s`, between the
 on_pre_optimizer_step and on_optimizer_step: optimizer.step alone), and so is the host's work
 between steps (`overhead_s`: from one step's on_step_end to the next one's on_step_begin, where the
 Trainer logs, evaluates and saves when due and fetches the next batches; the median, so the
-periodic logging and saving do not weigh). The Workload comes from the trainer itself: `TrainingArguments.to_dict()` through the one
-mapping of estimator/sources/training_args.py (batch, accumulation, checkpointing, precision, optim,
+periodic logging and saving do not weigh). The Workload comes from the trainer itself:
+`TrainingArguments.to_dict()` through the one mapping of estimator/sources/training_args.py (batch, accumulation, checkpointing, precision, optim,
 DeepSpeed and FSDP settings), the peft adapter config (estimator/sources/peft.py) and the model's
 bitsandbytes quantization config (estimator/sources/quantization.py); the sequence length from
 `seq=` or the arguments' max_length, else the first batch seen; every field so derived is listed in

@@ -35,7 +35,6 @@ from estimator.workload import Workload
 from profiler.plot import parity_plot
 from profiler.record import measured_value, merge_ranks, workload_from_row
 from profiler import steps
-from profiler.steps import reduction_timed_apart
 
 
 @dataclass(frozen=True)
@@ -59,11 +58,11 @@ def _decode(e):
 
 
 def _nosync(e):
-    return e.time.microbatch_s if reduction_timed_apart(e.workload) else None
+    return e.time.microbatch_s if steps.reduction_timed_apart(e.workload) else None
 
 
 def _sync(e):
-    return e.time.microbatch_s + e.time.reduction_exposed_s if reduction_timed_apart(e.workload) else None
+    return e.time.microbatch_s + e.time.reduction_exposed_s if steps.reduction_timed_apart(e.workload) else None
 
 
 QUANTITIES = (
