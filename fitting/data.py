@@ -19,9 +19,9 @@ predictions `raw_<quantity>`; components `acts`, `logits`, `temps` (unrounded), 
 the function the estimator's assembly uses: training forward/backward and optimizer step,
 inference prefill and dequantized weight), `paged`; time inputs `hw_flops`
 (hardware FLOPs per optimizer step), `peak_flops` (FLOP/s), `exposed_comm_s`, `prefill_flops`,
-`decode_bytes` (bytes read per generated token), `bandwidth` (bytes/s), `optimizer_s`, `clip_s` and
-`overhead_s` (the step's parts outside compute; `clipped`: the row's loop clipped the gradients,
-profiler.steps.clipped), `decode_floor_s`, `decode_extra_s`, `decode_attention_s`,
+`decode_bytes` (bytes read per generated token), `bandwidth` (bytes/s), `optimizer_s` and `clip_s`
+(the step's parts outside compute the profiler's loop runs; `clipped`: the row's loop clipped the
+gradients, profiler.steps.clipped), `decode_floor_s`, `decode_extra_s`, `decode_attention_s`,
 `decode_layers` (eager: the layers of the launch floor; 0 compiled), `decode_default_fraction` and
 `decode_slowdown` (estimator.timing.DecodeParts), `launch_ops` (training: operators dispatched per
 step, estimator.ops; 0 compiled); versions.
@@ -239,7 +239,7 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
         "temps": float(parts.optimizer_temporaries), "paged": float(m.paged_optimizer_bytes),
         "persistent": float(persistent), "fwd": float(first), "step": float(second),
         "peak_flops": peak_flops(gpu, w), "exposed_comm_s": t.exposed_comm_s,
-        "optimizer_s": t.optimizer_s, "overhead_s": t.overhead_s, "clip_s": t.clip_s,
+        "optimizer_s": t.optimizer_s, "clip_s": t.clip_s,
         "clipped": bool(w.training and steps.clipped(row)),
         "decode_floor_s": 0.0 if w.training else decode_floor_seconds(w), "decode_extra_s": 0.0,
         "decode_attention_s": 0.0, "decode_slowdown": 1.0, "decode_layers": 0.0,
