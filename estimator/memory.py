@@ -19,7 +19,9 @@ computes the named parts (`Components`) and `assemble` alone turns them into the
   gradient exists, or the embedding's gradient beside others (tied lm_head: summed out of place;
   accumulation).
 Inference: weights + KV cache + one layer's cache growth + the larger of the prefill working set
-(a prefill layer's or the logits) and a dequantized weight (quantized base).
+(a prefill layer's or the logits) and a dequantized weight (quantized base). The decode's own peak
+(`decode_peak_allocated_bytes`: the whole cache, a step's transient, no prefill working set) is
+what a measurement over the decode alone sees.
 Every moment was checked against fake-tensor traces of the real step (profiler.trace;
 tests/test_estimator_vs_trace.py, scripts/bench_tracer.py). A calibration table changes the
 assembly only through `Corrections` (scales of three components, allocator reserve, constants);
@@ -94,9 +96,14 @@ class MemoryBreakdown:
     # saved activations the estimate puts in host memory (--activation-offload): how many TRL keeps on
     # the device is uncertain (estimator.bounds counts them in the bound's uncertain part)
     offloaded_activations_bytes: int = 0
+    # inference: the peak allocated of the decode alone (persistent states, the whole cache and a
+    # decode step's transient, without the prefill's working set), what a measurement taken over the
+    # decode sees; None in training
+    decode_peak_allocated_bytes: int | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields, less the decode's peak in training (it has none)."""
+        return {k: v for k, v in asdict(self).items() if v is not None or k != "decode_peak_allocated_bytes"}
 
 
 # ---- the assembly of the peaks (the one place components become peaks) -----------------------
@@ -180,6 +187,7 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
     else:
         phase = "prefill" if first >= second else "decode"
     allocated = int(persistent + max(first, second)) + corrections.allocated_constant_bytes
+    decode = None if parts.training else int(persistent + second) + corrections.allocated_constant_bytes
     reserved = round_up(allocated * (1.0 + corrections.reserve_fraction) + corrections.reserve_bytes)
     nccl = corrections.nccl_buffers_bytes if parts.multi_gpu else 0
     device_used = (reserved + corrections.cuda_context_bytes + nccl + int(parts.paged_optimizer)
@@ -199,6 +207,7 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
         device_used_bytes=int(device_used), host_bytes=int(parts.host), peak_phase=phase,
         blas_workspace_bytes=int(parts.blas_workspace),
         offloaded_activations_bytes=int(parts.offloaded_activations),
+        decode_peak_allocated_bytes=decode,
     )
 
 

@@ -158,6 +158,7 @@ def load_points(root: Path = MEASUREMENTS_DIR) -> Points:
         else:
             value = float(gpu.memory_bytes)
         feats.update(source=str(row["source"]), metric=metric, quantity=quantity, value=float(value),
+                     window=_window(row),
                      gpu_slug=gpu.slug, weight=weight_of(row, w.method), locator=str(row.get("locator", "")),
                      stated=str(row.get("stated", "")))
         records.append(feats)
@@ -166,6 +167,12 @@ def load_points(root: Path = MEASUREMENTS_DIR) -> Points:
     used = frame["source_file"].value_counts().to_dict() if len(frame) else {}
     files_out = [SourceFile(f.path, f.sha256, f.rows, int(used.get(f.path, 0)), f.first, f.last) for f in sources]
     return Points(frame, workloads, files_out, skipped)
+
+
+def _window(row) -> str:
+    """A row's `window` (profiler/record.py): "decode", or "" for the whole run."""
+    value = row.get("window", "")
+    return value.strip() if isinstance(value, str) else ""
 
 
 class JointProblem:
@@ -185,6 +192,8 @@ class JointProblem:
         self.method = frame["method"].to_numpy()
         self.acts, self.logits = frame["acts"].to_numpy(float), frame["logits"].to_numpy(float)
         self.persistent, self.fwd, self.step = (frame[c].to_numpy(float) for c in ("persistent", "fwd", "step"))
+        # a peak over the decode alone (window "decode") has no prefill working set in it
+        self.decode = (frame["window"] == "decode").to_numpy() if "window" in frame else np.zeros(len(frame), bool)
         raw_alloc = frame["raw_peak_allocated_bytes"].to_numpy(float)
         self.raw_reserve = frame["raw_peak_reserved_bytes"].to_numpy(float) / raw_alloc - 1.0
         self.outside = (frame["raw_device_used_bytes"] - frame["raw_peak_reserved_bytes"]).to_numpy(float)
@@ -213,6 +222,7 @@ class JointProblem:
     def predict(self, x) -> dict:
         a = np.where(self.train, self._get(x, "act", 1.0), 1.0)
         fwd = self.fwd + (a - 1.0) * self.acts + (self._get(x, "logits", 1.0) - 1.0) * self.logits
+        fwd = np.where(self.decode, 0.0, fwd)
         alloc = self.persistent + np.maximum(fwd, self.step) + self._get(x, "const", 0.0) * GiB
         f = np.array([self._get(x, f"f:{m}", r) for m, r in zip(self.method, self.raw_reserve)])
         g = np.array([self._get(x, f"g:{m}", 0.0) for m in self.method]) * GiB
@@ -266,10 +276,16 @@ def calibration_of(factors: dict, label: str = "<published fit>") -> Calibration
 
 def predict_points(points: Points, calibration) -> tuple[np.ndarray, np.ndarray]:
     """The estimator's prediction of each row's own quantity (estimator.api.estimate) and the
-    uncertain part of that prediction (estimator.bounds.uncertain_bytes)."""
+    uncertain part of that prediction (estimator.bounds.uncertain_bytes); a row whose peak covers the
+    decode alone (window "decode") is predicted by the decode's own peak."""
     pred, uncertain = [], []
     for w, (_, row) in zip(points.workloads, points.frame.iterrows()):
         m = estimate(w, row["gpu_slug"], calibration).memory
+        if row.get("window") == "decode":
+            point = m.decode_peak_allocated_bytes
+            pred.append(float(point))
+            uncertain.append(float(uncertain_bytes(m)[row["quantity"]] - m.peak_allocated_bytes + point))
+            continue
         pred.append(float(getattr(m, row["quantity"])))
         uncertain.append(float(uncertain_bytes(m)[row["quantity"]]))
     return np.array(pred), np.array(uncertain)

@@ -10,7 +10,8 @@ The input is CSV or JSON (a list of objects), one measurement per row:
 - optional: any Workload field (estimator/workload.py; absent = the Workload default, counted as
   guessed), `stated` (comma list of the Workload fields the source stated; default: those the row
   gives), library versions (`torch`, `transformers`, `peft`, `bitsandbytes`, `deepspeed`, `driver`,
-  `cuda`), `step_s`, `tokens_per_s`, `message` (a note), `use` (`fit`, the default, or `skip: <why>`:
+  `cuda`), `step_s`, `tokens_per_s`, `window` (`decode`: the peak covers a generate's decode
+  alone, without the prefill's working set; absent: the whole step or generate), `message` (a note), `use` (`fit`, the default, or `skip: <why>`:
   a transcribed row whose measured quantity the estimator cannot express; it is checked like the
   others, not stored, and counted with its reason, so the transcription keeps every row it read).
 Every row is checked (its Workload validates, its value converts to positive bytes) before anything
@@ -103,6 +104,13 @@ def _to_record(raw: dict, base_dirs: list[Path]) -> dict:
         raise InputError(f"metric {metric!r} must be one of {', '.join(record.METRICS)}")
     gpu = tables.gpu(slug)
     w = record.workload_from_row(raw, base_dirs)
+    window = _text(raw, "window")
+    if window is not None:
+        if window not in record.WINDOWS:
+            raise InputError(f"window {window!r} must be one of {', '.join(record.WINDOWS)} (or absent: the whole run)")
+        if w.training or metric not in ("allocated", "active"):
+            raise InputError(f"window {window!r} is an inference peak of allocated or active memory; this row is "
+                             f"{w.method}, metric {metric}")
     given = [name for name in record.WORKLOAD_COLUMNS if _text(raw, name) is not None]
     stated = _text(raw, "stated")
     stated_fields = [s.strip() for s in stated.split(",")] if stated else given
@@ -112,7 +120,7 @@ def _to_record(raw: dict, base_dirs: list[Path]) -> dict:
     columns = {"source": source, "locator": _text(raw, "locator"), "metric": metric,
                "stated": ",".join(stated_fields), "gpu_slug": gpu.slug, "gpu_name": gpu.name,
                "gpu_memory_bytes": gpu.memory_bytes, "status": "oom" if metric == "oom" else "ok",
-               "world_size": w.world_size, "started_at": None, "message": _text(raw, "message")}
+               "world_size": w.world_size, "started_at": None, "message": _text(raw, "message"), "window": window}
     value, unit = _text(raw, "value"), _text(raw, "unit")
     if metric != "oom" or value is not None:
         if value is None or unit is None:

@@ -27,6 +27,8 @@ BACKENDS = ("cuda", "cpu", "trace", "published", "simulated")
 # what an imported row measured (profiler/imports.py): the record column its value goes to
 METRICS = {"allocated": "peak_allocated_bytes", "reserved": "peak_reserved_bytes", "active": "peak_active_bytes",
            "device": "device_used_bytes", "capacity": "capacity_bytes", "oom": None}
+# the part of a run an imported row's peak covers, when not the whole step or generate (profiler/imports.py)
+WINDOWS = ("decode",)
 
 # (column, meaning). Workload fields come first (one column each, see Workload's docstring).
 _IDENTITY = [
@@ -95,6 +97,9 @@ _SOURCE = [
     ("locator", "where in the source: repository, path, commit and line or table, or a URL"),
     ("metric", "what the source measured: allocated, reserved, active, device (whole GPU), capacity "
                "(\"fits within\"), oom"),
+    ("window", "the part of the run the measured peak covers when not all of it: `decode` (a generate's "
+               "decode alone, the prefill's working set not in it; inference, allocated or active); empty: the "
+               "whole step or generate"),
     ("value_as_printed", "the measured value as the source printed it"),
     ("unit_as_printed", "its unit as printed (GiB, GB, MiB, MB, B)"),
     ("conversion", "how the printed value became bytes (GiB = 2^30 B, GB = 1e9 B)"),

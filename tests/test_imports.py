@@ -73,6 +73,9 @@ def test_malformed_rows_are_refused_and_nothing_is_stored(tmp_path, capsys):
                         "every row is marked"),
         "badskip.csv": (HEADER.replace("stated", "stated,use") + GOOD.replace("\n", ",\n")
                         + GOOD.replace(",22.5,", ",-1,").replace("\n", ",skip: x\n"), "badskip.csv row 2"),
+        "window.csv": (HEADER.replace("stated", "stated,window") + GOOD.replace("\n", ",prefill\n"), "window 'prefill'"),
+        "trainwindow.csv": (HEADER.replace("stated", "stated,window") + GOOD.replace("\n", ",decode\n"),
+                            "window 'decode' is an inference peak"),
         "empty.csv": (HEADER, "holds no measurements"),
         "latin1.json": (None, "not UTF-8"),
         "object.json": ('{"model": "x"}', "JSON list of objects"),
@@ -121,3 +124,15 @@ def test_rows_marked_skip_are_checked_kept_in_the_file_and_not_stored(tmp_path, 
     rows = _stored(tmp_path / "m" / "ms-swift" / "ladder.csv")
     assert [r["metric"] for r in rows] == ["reserved", "oom"] and rows[0]["value_as_printed"] == "22.5"
     assert "left out 1 row marked skip: the mask is not expressible" in out
+
+
+def test_a_peak_over_the_decode_alone_keeps_its_window(tmp_path, capsys):
+    src = tmp_path / "qwen.csv"
+    src.write_text("model,gpu_slug,metric,window,value,unit,source,locator,method,seq,new_tokens\n"
+                   "qwen3-1.7b,h20-96gb,allocated,decode,6902,MiB,qwen,doc line 268,inference,30720,2048\n"
+                   "qwen3-1.7b,h20-96gb,allocated,,6902,MiB,qwen,doc line 269,inference,30720,2048\n")
+    code, out, err = call_main(CLI, capsys, "import", str(src), "--into", str(tmp_path / "m"))
+    assert code == 0, err
+    decode, whole = _stored(tmp_path / "m" / "qwen" / "qwen.csv")
+    assert (decode["window"], whole["window"]) == ("decode", "")
+    assert int(decode["peak_allocated_bytes"]) == 6902 * 2**20

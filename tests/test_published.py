@@ -21,7 +21,9 @@ import pytest
 from estimator import tables
 from estimator.api import estimate
 from estimator.calibration import NONE, PUBLISHED_GPU, resolve
+from estimator.configs import load_spec
 from estimator.units import GiB
+from estimator.workload import Workload
 from fitting import published
 from profiler import imports
 
@@ -220,7 +222,7 @@ def test_estimate_says_which_table_and_bounds_from_it(monkeypatch):
     assert row["uncertain_scale"] < row["factor"]            # the table keeps point + k x uncertain part
     from estimator.bounds import uncertain_bytes
     from estimator.memory import MemoryBreakdown
-    m = MemoryBreakdown(**{k: data["memory"][k] for k in MemoryBreakdown.__dataclass_fields__})
+    m = MemoryBreakdown(**{k: data["memory"][k] for k in MemoryBreakdown.__dataclass_fields__ if k in data["memory"]})
     u = uncertain_bytes(m, row["uncertain_floor_bytes"])["device_used_bytes"]
     assert safe["device_used_bytes"] == math.ceil(m.device_used_bytes + row["uncertain_scale"] * u)
 
@@ -277,3 +279,32 @@ def test_rows_a_transcription_marks_skip_are_not_imported():
               or "KV-cache ladder" in r["message"]]
     assert len(ladder) == 5 and all(r["use"].startswith("skip:") for r in ladder)
     assert marked == 5
+
+
+def test_a_decode_window_is_compared_with_the_decodes_own_peak(tmp_path):
+    """Qwen3-1.7B (28 layers, 8 KV heads of 128) generating 2048 tokens after 30720: the decode's
+    peak holds the weights, the whole bf16 cache of 32768 tokens and one layer's keys copied by
+    DynamicCache's cat, not the prefill's working set; a row whose window is the decode is predicted
+    by it, in the fit's own model too."""
+    src = tmp_path / "in" / "qwen.csv"
+    src.parent.mkdir()
+    line = "qwen3-1.7b,h20-96gb,allocated,{},6902,MiB,qwen,doc line {},inference,1,30720,2048,flash\n"
+    src.write_text("model,gpu_slug,metric,window,value,unit,source,locator,method,batch,seq,new_tokens,attn\n"
+                   + line.format("decode", 1) + line.format("", 2))
+    imports.import_file(src, tmp_path / "measurements")
+    points = published.load_points(tmp_path / "measurements")
+    m = estimate(points.workloads[0], "h20-96gb", NONE).memory
+    tokens = 30720 + 2048
+    layer_keys = 8 * 128 * 2 * tokens
+    assert m.kv_cache_bytes == 28 * 2 * layer_keys
+    assert m.decode_peak_allocated_bytes == m.weights_bytes + m.kv_cache_bytes + layer_keys + m.blas_workspace_bytes
+    assert m.decode_peak_allocated_bytes < m.peak_allocated_bytes - GiB      # the prefill's working set: > 1 GiB
+    pred, uncertain = published.predict_points(points, NONE)
+    assert list(pred) == [m.decode_peak_allocated_bytes, m.peak_allocated_bytes]
+    assert uncertain[1] - uncertain[0] == m.peak_allocated_bytes - m.decode_peak_allocated_bytes
+    problem = published.JointProblem(points.frame)
+    alloc = problem.predict(problem.x0())["peak_allocated_bytes"]
+    assert alloc[0] == pytest.approx(m.decode_peak_allocated_bytes, rel=1e-9)
+    assert alloc[1] == pytest.approx(m.peak_allocated_bytes, rel=1e-9)
+    lora = Workload(load_spec("qwen3-1.7b"), method="lora", batch=1, seq=2048).validate()
+    assert estimate(lora, "h20-96gb", NONE).memory.decode_peak_allocated_bytes is None   # training: no decode
