@@ -890,10 +890,16 @@ def logits_saved_per_token(key: ActivationKey) -> int:
     if key.liger:
         return dtypes(key).residual * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
-    softcap = logit * vocab if key.model.logit_softcap else 0
+    softcap = softcap_saved_per_token(key)
     if key.loss == "model-dtype":   # log_softmax's output (fp32 under autocast)
         return (4 if dtypes(key).autocast else logit) * vocab + softcap
     return 4 * vocab + softcap
+
+
+def softcap_saved_per_token(key: ActivationKey) -> int:
+    """Gemma-2's final soft-capping saves its tanh output (the logits' dtype) for the backward; 0
+    without soft-capping or with Liger's fused loss."""
+    return 0 if key.liger or not key.model.logit_softcap else _logit_bytes(key) * key.model.vocab_size
 
 
 def logits_forward_per_token(key: ActivationKey) -> int:
@@ -907,13 +913,13 @@ def logits_forward_per_token(key: ActivationKey) -> int:
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     if key.loss == "hf-legacy":     # the fp32 logits (the half ones freed by the upcast), their shifted
         # contiguous copy and log_softmax's output
-        return 12 * vocab + (logit * vocab if key.model.logit_softcap else 0)
+        return 12 * vocab + softcap_saved_per_token(key)
     if key.loss == "model-dtype":   # logits, the shifted copy cross_entropy reads, log_softmax's output;
         # autocast runs log_softmax in fp32 (CUDA's fp32 list): an fp32 cast of the copy and an fp32 output
         extra = 8 if dtypes(key).autocast else logit
-        return (2 * logit + extra) * vocab + (logit * vocab if key.model.logit_softcap else 0)
+        return (2 * logit + extra) * vocab + softcap_saved_per_token(key)
     base = (logit + 8) * vocab if logit != 4 else 8 * vocab
-    return base + (logit * vocab if key.model.logit_softcap else 0)
+    return base + softcap_saved_per_token(key)
 
 
 def logits_backward_per_token(key: ActivationKey) -> int:
@@ -924,11 +930,11 @@ def logits_backward_per_token(key: ActivationKey) -> int:
         return logits_saved_per_token(key)
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     if key.loss == "hf-legacy":     # beside those, the fp32 logits the kept output holds
-        return 12 * vocab + logits_kept_per_token(key) + (logit * vocab if key.model.logit_softcap else 0)
+        return 12 * vocab + logits_kept_per_token(key) + softcap_saved_per_token(key)
     if key.loss == "model-dtype":   # log_softmax's output, its incoming and outgoing gradient (fp32
         # under autocast); the logits were freed with the output after the forward
-        return (12 if dtypes(key).autocast else 3 * logit) * vocab + (logit * vocab if key.model.logit_softcap else 0)
-    return 12 * vocab + (logit * vocab if key.model.logit_softcap else 0)
+        return (12 if dtypes(key).autocast else 3 * logit) * vocab + softcap_saved_per_token(key)
+    return 12 * vocab + softcap_saved_per_token(key)
 
 
 def logits_kept_per_token(key: ActivationKey) -> int:

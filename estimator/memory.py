@@ -369,8 +369,13 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     casts_fwd = _weight_casts(w, params, sizes, saved=False)
     casts_bwd = _weight_casts(w, params, sizes, saved=True)
     liger = _liger_loss_bytes(w, sizes, trained)
+    loss_backward = per_token.logits_backward * tokens
+    if w.activation_offload:
+        # TRL empties its forward stash at the first backward node: a saved tensor the loss's
+        # backward does not use (Gemma-2's soft-capping tanh output) is back on the host then
+        loss_backward -= act.softcap_saved_per_token(_activation_key(w)) * tokens
     moments = [(acts + casts_fwd + per_token.logits_forward * tokens + liger, casts_fwd),
-               (acts + casts_bwd + per_token.logits_backward * tokens, casts_bwd)]
+               (acts + casts_bwd + loss_backward, casts_bwd)]
     head_grad = 0.0
     if w.method == "full":
         # FSDP: the unsharded lm_head gradient is counted with its reduce-scatter buffers (zero_buffers)
