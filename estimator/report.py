@@ -86,10 +86,11 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
     lines += [f"regime: {note}" for note in result.regime_notes]
     lines += ["", "memory per GPU"]
     for name, value in m.to_dict().items():
-        if name.endswith("_bytes") and value and not name.startswith(("peak_", "device_used", "host")):
+        if name.endswith("_bytes") and value and not name.startswith(("peak_", "device_used", "host", "decode_peak")):
             lines.append(f"  {name[:-6]:<28}{_gib(value)}")
     lines += ["",
-              f"  {'peak allocated':<28}{_gib(m.peak_allocated_bytes)}   (raw {_gib(result.raw_memory.peak_allocated_bytes).strip()})",
+              f"  {'peak allocated':<28}{_gib(m.peak_allocated_bytes)}   (raw {_gib(result.raw_memory.peak_allocated_bytes).strip()}"
+              + (f"; the decode alone {_gib(m.decode_peak_allocated_bytes).strip()})" if m.decode_peak_allocated_bytes else ")"),
               f"  {'peak reserved':<28}{_gib(m.peak_reserved_bytes)}",
               f"  {'device used (nvidia-smi)':<28}{_gib(m.device_used_bytes)}   of {_gib(result.gpu.memory_bytes).strip()}"
               f"  -> {result.verdict.upper()}"]

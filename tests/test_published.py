@@ -308,3 +308,7 @@ def test_a_decode_window_is_compared_with_the_decodes_own_peak(tmp_path):
     assert alloc[1] == pytest.approx(m.peak_allocated_bytes, rel=1e-9)
     lora = Workload(load_spec("qwen3-1.7b"), method="lora", batch=1, seq=2048).validate()
     assert estimate(lora, "h20-96gb", NONE).memory.decode_peak_allocated_bytes is None   # training: no decode
+    from estimator.report import render_estimate
+    text = render_estimate(estimate(points.workloads[0], "h20-96gb", NONE), [])
+    assert f"the decode alone {m.decode_peak_allocated_bytes / GiB:.2f} GiB" in text
+    assert "decode_peak" not in text and "decode alone" not in render_estimate(estimate(lora, "h20-96gb", NONE), [])
