@@ -19,7 +19,8 @@ With --published: the published calibration instead (fitting/published.py): ever
 source under calibrations/measurements/<source>/, fitted jointly on what each row measured and
 validated leave-one-source-out; prints the held-out error per quantity, GPU and source against
 the uncalibrated estimator, the safe bound's coverage and median over-provision, and the issue's
-targets (memory median <= 5 %, p90 <= 15 %; coverage >= 95 %, over-provision <= 10 %). --write
+targets (memory median <= 5 %, p90 <= 15 % per quantity; coverage >= 95 %, over-provision <= 10 %;
+on the rows whose source stated batch and seq, the figures on all rows beside). --write
 writes calibrations/published.json; --plot PATH draws predicted against measured (held out).
 
   python scripts/bench_calibration.py --published [--write] [--plot docs/img/parity-published.png]
@@ -169,16 +170,24 @@ def published_report(measurements: Path, write: bool, plot: Path | None) -> str:
               f"{v.raw_factor_coverage:.1%}; median over-provision {v.raw_factor_over_provision:+.1%}",
               f"  OOM rows: {v.oom_rows}, of which the held-out bound exceeds the card: {v.oom_flagged} "
               f"(the held-out point already: {v.oom_point_over}, 'does not fit')"]
-    mem = [m for q, m in v.by_quantity.items() if m["points"] >= 3]
-    worst = max(mem, key=lambda m: m["points"]) if mem else None
     t = PUBLISHED_TARGETS
-    if worst:
-        lines += ["", f"targets (the quantity most rows measured; the bound on the {v.stated_points} stated rows):",
-                  f"  median {worst['median_abs']:.1%} <= {t['median']:.0%}: {'MET' if worst['median_abs'] <= t['median'] else 'MISSED'}",
-                  f"  p90 {worst['p90_abs']:.1%} <= {t['p90']:.0%}: {'MET' if worst['p90_abs'] <= t['p90'] else 'MISSED'}",
-                  f"  coverage {v.coverage:.1%} >= {t['coverage']:.0%}: {'MET' if v.coverage >= t['coverage'] else 'MISSED'}",
+    # judged, like the bound, on the rows whose source stated batch and seq: a row that left either to
+    # a guess measured another workload than the one estimated, so its residual scores the guess
+    judged = {q: m for q, m in v.by_quantity_stated.items() if m["points"] >= 3}
+    if judged:
+        lines += ["", f"targets (every memory quantity and the bound, on the {v.stated_points} rows whose source "
+                      f"stated {' and '.join(published.BOUND_FIELDS)}; all rows just below):"]
+        for q, m in judged.items():
+            lines.append(f"  {q} ({m['points']} rows): median {m['median_abs']:.1%} <= {t['median']:.0%}: "
+                         f"{'MET' if m['median_abs'] <= t['median'] else 'MISSED'}; p90 {m['p90_abs']:.1%} <= "
+                         f"{t['p90']:.0%}: {'MET' if m['p90_abs'] <= t['p90'] else 'MISSED'}")
+        lines += [f"  coverage {v.coverage:.1%} >= {t['coverage']:.0%}: {'MET' if v.coverage >= t['coverage'] else 'MISSED'}",
                   f"  over-provision {v.over_provision:.1%} <= {t['over_provision']:.0%}: "
-                  f"{'MET' if v.over_provision <= t['over_provision'] else 'MISSED'}"]
+                  f"{'MET' if v.over_provision <= t['over_provision'] else 'MISSED'}",
+                  "  on all measured rows, guessed inputs included (their residual scores the guess): " + "; ".join(
+                      f"{q} {m['points']} rows median {m['median_abs']:.1%}, p90 {m['p90_abs']:.1%}"
+                      for q, m in v.by_quantity.items() if m["points"] >= 3)
+                  + f"; coverage {v.coverage_all:.1%}, over-provision {v.over_provision_all:+.1%}"]
     lines += ["", "factors", render.factors(table)]
     if write:
         path = calibration_table.write(published.published_path(), table)

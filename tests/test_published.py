@@ -236,6 +236,11 @@ def test_bench_prints_the_leave_one_source_out_figures():
     for source, rows in SHIPPED_SOURCES.items():
         assert f"{source} {rows}" in out
     assert tables.gpu("h100-80gb")  # the GPUs the rows name are known rows
+    # the targets: per memory quantity on the rows that stated batch and seq, the figures on all rows beside
+    targets = out[out.index("targets (every memory quantity"):]
+    for q in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        assert re.search(rf"  {q} \(\d+ rows\): median [\d.]+% <= 5%: (MET|MISSED); p90", targets)
+    assert "on all measured rows, guessed inputs included" in targets
 
 
 def test_an_import_may_not_take_a_gpu_folders_name(tmp_path):
