@@ -10,13 +10,14 @@ from estimator.bounds import verdict as verdict_of
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
 from estimator.errors import InputError
 from estimator.fp8 import gpu_refusal
-from estimator.memory import Components, MemoryBreakdown, blas_workspace_bytes, components
+from estimator.memory import Components, MemoryBreakdown, blas_workspace_bytes, components, offload_reuse_share
 from estimator.states import lora_params
 from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
 from estimator.versions import installed_versions
 from estimator.workload import MXFP4_MODEL_TYPES, NO_SDPA, Workload
+from estimator.units import GiB
 
 DEFAULT_INTER_NODE = "ib-hdr"
 _COMPONENTS = ("weights_bytes", "gradients_bytes", "optimizer_states_bytes", "master_weights_bytes",
@@ -113,7 +114,7 @@ class Estimate:
         w = self.workload
         attn = (f"eager attention: {w.model.model_type} has no SDPA in transformers 5.23 (what it loads with "
                 f"when no attn_implementation is given)",) if (w.model.model_type in NO_SDPA and w.attn == "eager") else ()
-        return regime(w).notes + attn + _math_sdpa_note(w) + _mxfp4_note(w) + _offload_note(w)
+        return regime(w).notes + attn + _math_sdpa_note(w) + _mxfp4_note(w) + _offload_note(w, self.memory)
 
     def dominant(self, n: int = 3) -> list[tuple[str, int]]:
         """The largest memory components, largest first."""
@@ -186,13 +187,19 @@ def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBre
                           host_s_per_layer=corrections["decode_host_s_per_layer"]["value"])
 
 
-def _offload_note(w: Workload) -> tuple[str, ...]:
-    """The activation-offloading caveat (profiler/offload.py, estimator.memory `_layers_on_device`)."""
+def _offload_note(w: Workload, memory) -> tuple[str, ...]:
+    """The activation-offloading caveat (profiler/offload.py, estimator.memory `_layers_on_device`):
+    how much the allocator's layout can move the peak either way (`offload_reuse_share`)."""
     if not (w.training and w.activation_offload):
         return ()
+    share, low, high = offload_reuse_share()
+    offloadable = memory.offloaded_activations_bytes / (1.0 - share)
+    spread = (high - low) / 2 * offloadable
     return ("activation offloading (TRL): the estimate keeps one layer in flight (two with checkpointing) and the "
             "later saves of each offloaded tensor on the device; TRL keys tensors by address, so on a GPU a tensor "
-            "allocated where a freed offloaded one was stays too: the safe bound counts every offloaded byte",)
+            f"allocated where a freed offloaded one was stays too: {low:.0%}-{high:.0%} of the rest in traces and on "
+            f"the H100, the estimate takes {share:.0%} (the peak may be {spread / GiB:.2f} GiB higher or lower); the "
+            "safe bound counts every offloaded byte",)
 
 
 def _math_sdpa_note(w: Workload) -> tuple[str, ...]:

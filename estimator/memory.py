@@ -62,7 +62,7 @@ ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks 
 # the next node has run: about one layer's saved tensors. With checkpointing (one saved input per
 # layer) two layers' stay. TRL keys a storage by its address, so on a GPU a tensor the caching
 # allocator puts in the block of a freed offloaded one stays too: a share of the rest that depends
-# on the allocator's layout (estimator/data/overheads.csv activation_offload_address_reuse_fraction,
+# on the allocator's layout (`offload_reuse_share`: estimator/data/overheads.csv activation_offload_address_reuse_*,
 # from whole-model traces that model the allocator, profiler/trace/allocator.py, and the H100 runs);
 # the safe bound counts every offloaded byte as uncertain (estimator.bounds).
 OFFLOAD_LAYERS_ON_DEVICE = 2
@@ -252,15 +252,24 @@ def _per_token(key: ActivationKey) -> _PerToken:
                      act.logits_backward_per_token(key))
 
 
+def offload_reuse_share() -> tuple[float, float, float]:
+    """(point, lowest, highest) share of the offloadable saved bytes that TRL keeps on the device
+    because the caching allocator put the tensor where a freed offloaded one was: the range traced
+    and measured (estimator/data/overheads.csv activation_offload_address_reuse_min/_max), the point
+    its middle (it then errs by at most half the range either way)."""
+    low, high = overhead("activation_offload_address_reuse_min"), overhead("activation_offload_address_reuse_max")
+    return (low + high) / 2, low, high
+
+
 def _layers_on_device(w: Workload, sizes: Sizes, per_layer: float) -> tuple[int, float]:
     """(decoder layers whose saved tensors are all on the device, bytes per token the other layers
     keep there), `per_layer` being one layer's saved bytes per token. Without activation offloading
     every layer's; with it (TRL) about one layer in flight plus the later saves of each offloaded
     storage, or two layers' checkpointed inputs; of the rest, the share the caching allocator puts
-    where an offloaded tensor was (`activation_offload_address_reuse_fraction`) stays too."""
+    where an offloaded tensor was (`offload_reuse_share`) stays too."""
     if not w.activation_offload:
         return sizes.layers, 0.0
-    reuse = overhead("activation_offload_address_reuse_fraction")
+    reuse = offload_reuse_share()[0]
     if w.grad_ckpt:
         on_device = min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE)
         return on_device, (sizes.layers - on_device) * reuse * per_layer
