@@ -93,7 +93,7 @@ def _apply_liger(model) -> None:
     """Liger's kernels on `model`, as the HF Trainer applies them. Beyond the instance, liger-kernel
     0.8.5 rebinds names in transformers' modeling module for every later model of the process
     (monkey_patch.py: `apply_rotary_pos_emb`, the RMSNorm and MLP classes, `cross_entropy` with
-    cross_entropy=True); `undo_liger_patches` puts them back."""
+    cross_entropy=True; Llama-4's `forward` on its class); `undo_liger_patches` puts them back."""
     import sys
 
     import torch.nn.functional as F
@@ -101,6 +101,10 @@ def _apply_liger(model) -> None:
 
     modules = [(m, dict(vars(m))) for name, m in list(sys.modules.items())
                if name.startswith("transformers.models.") and m is not None]
+    # and the classes those modules define: some patches assign a method on the class itself
+    # (apply_liger_kernel_to_llama4: `Llama4ForCausalLM.forward = lce_forward`, instance or not)
+    classes = [(c, dict(vars(c))) for m, names in modules for c in names.values()
+               if isinstance(c, type) and c.__module__ == m.__name__]
     cross_entropy = F.cross_entropy
 
     def undo() -> None:
@@ -109,6 +113,12 @@ def _apply_liger(model) -> None:
             for name in [n for n in names if n not in before]:
                 del names[name]
             names.update(before)
+        for cls, before in classes:
+            for name in [n for n in vars(cls) if n not in before]:
+                delattr(cls, name)
+            for name, value in before.items():
+                if vars(cls).get(name) is not value:
+                    setattr(cls, name, value)
         F.cross_entropy = cross_entropy
 
     _LIGER_UNDO.append(undo)

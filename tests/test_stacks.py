@@ -699,3 +699,20 @@ def test_offloaded_loss_backward_moment_matches_the_trace_given_its_saved_bytes(
     assert saved_with(share) == pytest.approx(traced.saved_activations_bytes, rel=1e-4)
     peak = memory.estimate_memory(w, 0.0, 0).peak_allocated_bytes
     assert peak == pytest.approx(traced.peak_allocated_bytes, rel=0.005)
+
+
+def test_liger_patches_on_a_class_are_undone_after_a_trace():
+    """liger-kernel 0.8.5's Llama-4 patch assigns its fused-loss forward on transformers' class,
+    model given or not: after the traced step every later model of the process must be built as
+    transformers has it (profiler.build.undo_liger_patches), or a later trace measures Liger's loss."""
+    from transformers.models.llama4 import modeling_llama4
+
+    from profiler.trace import families
+    from profiler.trace.step import trace
+
+    before = (modeling_llama4.Llama4ForCausalLM.forward, modeling_llama4.Llama4TextMLP,
+              modeling_llama4.apply_rotary_emb)
+    w = families.workload("llama4_text", "lora").with_(liger=True).validate()
+    trace(w, families.config("llama4_text"), layers=families.layer_count(families.FAMILIES["llama4_text"]))
+    assert (modeling_llama4.Llama4ForCausalLM.forward, modeling_llama4.Llama4TextMLP,
+            modeling_llama4.apply_rotary_emb) == before
