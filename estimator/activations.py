@@ -36,7 +36,7 @@ memoised on the key (estimator.memory) without a field the cache does not know a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -554,6 +554,29 @@ def expert_adapter_gradient_bytes(key: ActivationKey) -> int:
     return dtypes(key).compute * spec.num_experts * spec.hidden_size * width
 
 
+def dense_experts_weight_gradient_bytes(key: ActivationKey) -> int:
+    """Llama-4's MoE block trained (full fine-tune), at its experts' down_proj bmm backward: the
+    shared expert's weight gradients (its branch's backward ran first) and the experts' down_proj
+    gradient the bmm makes, in the parameter dtype. 0 otherwise."""
+    if key.method != "full" or not key.training or key.model.model_type not in _DENSE_EXPERTS:
+        return 0
+    spec = key.model
+    weight = 4 if _fp32_weights(key) else dtypes(key).compute
+    shared = 3 * spec.hidden_size * spec.shared_expert_intermediate_size
+    return weight * (spec.num_experts * spec.hidden_size * spec.moe_intermediate_size + shared)
+
+
+def dense_experts_routed_bytes_per_token(key: ActivationKey) -> int:
+    """Llama-4's MoE forward, while the shared expert runs (transformers 5.23 Llama4TextMoe.forward):
+    the routed output (one hidden row per expert) and, where the experts' weights do not train, the
+    scaled input, which only their weight gradient would have saved. 0 for other architectures."""
+    if not key.training or key.model.model_type not in _DENSE_EXPERTS:
+        return 0
+    spec, dt = key.model, dtypes(key)
+    scaled = 0 if key.method == "full" else dt.residual * spec.hidden_size
+    return spec.num_experts * (dt.compute * spec.hidden_size + scaled)
+
+
 def liger_moe_weight_gradient_bytes(key: ActivationKey) -> int:
     """Liger's fused MoE backward makes both expert weight gradients (`zeros_like(down_proj)`,
     `zeros_like(gate_up_proj)`, liger-kernel 0.8.5 ops/fused_moe.py) whether the experts train or
@@ -568,6 +591,11 @@ def liger_moe_weight_gradient_bytes(key: ActivationKey) -> int:
     return weight * spec.num_experts * spec.hidden_size * 3 * spec.moe_intermediate_size
 
 
+def dense_experts(spec: ModelSpec) -> bool:
+    """Every expert runs every token through torch.bmm on its parameters (Llama-4)."""
+    return spec.is_moe and spec.model_type in _DENSE_EXPERTS
+
+
 def _dense_experts(key: ActivationKey, dt: Dtypes) -> int:
     """Llama-4's MoE block per token (transformers 5.23 Llama4TextMoe): every expert runs every
     token, pre-scaled by its router score (zero off the top-k): the input repeated once per expert
@@ -580,7 +608,8 @@ def _dense_experts(key: ActivationKey, dt: Dtypes) -> int:
     spec = key.model
     c, hidden, experts, width = dt.compute, spec.hidden_size, spec.num_experts, spec.moe_intermediate_size
     full = key.method == "full"
-    saves = _activation_saves(spec, dt)[0]
+    # the experts' bmm outputs the compute dtype under autocast (a kbit-prepared model's linears fp32)
+    saves = _activation_saves(spec, replace(dt, linear_out=c))[0]
     routed = experts * ((saves + 2 * c) * width + (c * width if full else 0))
     # the repeated input has the hidden states' dtype (fp32 under AMP or kbit preparation)
     routed += experts * (dt.residual * hidden + c) + (experts * c * hidden if full else 0)
@@ -770,6 +799,11 @@ def moe_backward_bytes_per_token(key: ActivationKey) -> int:
         compute, chosen = dtypes(key).compute, spec.experts_per_token
         return compute * (chosen * (3 * spec.moe_intermediate_size + spec.hidden_size + 1) + spec.hidden_size)
     compute = dtypes(key).compute
+    if spec.model_type in _DENSE_EXPERTS:
+        # Llama4TextExperts' down_proj bmm backward (transformers 5.23): the routed output's gradient,
+        # materialised from the sum's expanded gradient (one hidden row per expert), the product's
+        # gradient it makes, and the layer's incoming residual gradient
+        return compute * (spec.num_experts * (spec.hidden_size + spec.moe_intermediate_size) + spec.hidden_size)
     return (4 * (4 if _fp32_routing_weights(spec.model_type) else compute) - 2 * compute) * spec.experts_per_token * spec.hidden_size
 
 

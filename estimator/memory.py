@@ -300,9 +300,11 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     """Half-precision weight casts alive under autocast (bytes per GPU).
 
     AMP: every linear weight fed to a matmul (decoder linears and the lm_head; experts run
-    grouped_mm without autocast) is cast once per forward: trainable leaves are cached by autocast
-    until the forward ends, frozen ones (LoRA) are cast at each use, and the matmul saves the cast
-    for its input gradient either way. On a quantized base (QLoRA) only the fp32 lm_head is cast.
+    grouped_mm without autocast, but Llama-4's run torch.bmm, which autocast casts) is cast once per
+    forward: trainable leaves are cached by autocast until the forward ends, frozen ones (LoRA) are
+    cast at each use, and the matmul saves the cast for its input gradient either way. On a
+    quantized base (QLoRA) only the fp32 lm_head is cast, and Llama-4's expert parameters, which
+    bitsandbytes leaves unquantized (it replaces nn.Linear only) and kbit preparation makes fp32.
     With checkpointing the layers' casts are not saved (`saved`: alive when the backward starts).
     Liger's fused loss casts the lm_head per chunk and saves none of it (`_liger_loss_bytes`).
     """
@@ -312,13 +314,24 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     head = _head_cast(w, sizes) / 2
     if key.liger and saved:   # Liger's loss casts the lm_head inside its fused function and saves no cast
         head = 0.0
-    if w.quant != "none":
-        return 2 * head
-    layers = 2 * (sizes.linear_w - sizes.expert_w) / (w.dp if w.zero == 3 else 1)
+    layers = _layer_casts(w, sizes)
     cached = w.method == "full" and not saved    # the cache outlives checkpointed layers' forward
     if w.grad_ckpt and not cached:
         layers = 0.0
     return layers + 2 * head
+
+
+def _layer_casts(w: Workload, sizes: Sizes) -> float:
+    """The decoder layers' half-precision weight casts under autocast (bytes per GPU; 0 without
+    autocast): every linear's but the quantized ones (a QLoRA base) and the grouped experts', and
+    Llama-4's expert parameters, which its torch.bmm casts (bitsandbytes leaves them unquantized:
+    it replaces nn.Linear only; kbit preparation makes them fp32)."""
+    key = _activation_key(w)
+    if not (key.amp or (w.training and key.kbit_prep)):
+        return 0.0
+    experts = sizes.expert_w if act.dense_experts(key.model) else 0.0
+    linears = sizes.linear_w - sizes.expert_w if w.quant == "none" else 0.0
+    return 2 * (linears + experts) / (w.dp if w.zero == 3 else 1)
 
 
 def _head_cast(w: Workload, sizes: Sizes) -> float:
@@ -393,17 +406,21 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     key = _activation_key(w)
     below = acts - per_token.outside * tokens        # the layers' saved tensors
     kept = act.logits_kept_per_token(key) * tokens   # logits a loop keeps to the end
+    # the first layer the backward reaches: the lm_head's backward has released its saved cast
+    top_casts = casts_bwd - (0.0 if key.liger else _head_cast(w, sizes))
     if w.grad_ckpt:
-        recompute_casts = (casts_fwd - casts_bwd) / max(sizes.layers, 1)
+        # the recomputed layer casts its weights again under autocast (the forward's were freed)
+        top_casts += _layer_casts(w, sizes) / max(sizes.layers, 1)
         # the recomputed layer's saved tensors of any token count too (W + delta of adapted experts,
         # an fp32 router's weight cast, DoRA's vectors)
-        top = below + per_token.top * tokens + recompute_casts + act.layer_fixed_bytes(key)
+        top = below + per_token.top * tokens + act.layer_fixed_bytes(key)
     else:
         top = below - per_token.layer * tokens + per_token.top * tokens
     # the expert weight gradients a MoE layer's backward makes: Liger's fused MoE both (frozen experts
-    # too), a LoRA on fused expert parameters the W + delta gradient
-    top += act.liger_moe_weight_gradient_bytes(key) + act.expert_adapter_gradient_bytes(key) + kept
-    moments.append((top + casts_bwd + head_grad, casts_bwd))
+    # too), a LoRA on fused expert parameters the W + delta gradient, Llama-4's trained experts'
+    top += (act.liger_moe_weight_gradient_bytes(key) + act.expert_adapter_gradient_bytes(key)
+            + act.dense_experts_weight_gradient_bytes(key) + kept)
+    moments.append((top + top_casts + head_grad, top_casts))
     transient = dora_transient(w)
     if transient:
         # DoRA's weight-norm transient of the widest adapted linear (estimator.dora): in the forward of
@@ -411,7 +428,8 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         # the first layer the backward reaches
         # the lm_head's autocast cast is made at the loss, after the layers
         layer_casts = casts_fwd - _head_cast(w, sizes)
-        if w.grad_ckpt:
+        if w.grad_ckpt:   # the recomputed layer's own casts too
+            layer_casts += _layer_casts(w, sizes) / max(sizes.layers, 1)
             moments.append((below + kept + per_token.layer * tokens + transient + layer_casts, layer_casts))
         else:   # autocast keeps the half casts of every adapter weight used so far (trainable leaves)
             adapter_casts = 2 * (lora_params(w, params) - dora_params(w)) / (w.tp * w.pp) if _head_cast(w, sizes) else 0.0
@@ -424,6 +442,8 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         layer_casts = casts_fwd - _head_cast(w, sizes)
         layer = below + (kept + per_token.layer * tokens if w.grad_ckpt else 0.0)
         unsaved = act.mlp_bytes_per_token(key) * tokens
+        # Llama-4: the last layer's down_proj beside the routed experts' output (its shared expert's)
+        at_down += act.dense_experts_routed_bytes_per_token(key) * tokens if at_down else 0.0
         moments.append((layer + max(before_mlp - unsaved, at_down) + layer_casts, layer_casts))
     if w.fp8 and w.training:
         # a converted linear's backward in the first layer the backward reaches: every layer's saved
@@ -473,11 +493,12 @@ def dora_transient(w: Workload) -> float:
 
 def _dora_bottom_layer(w: Workload, per_token: _PerToken, sizes: Sizes, trained: Training) -> float:
     """DoRA with checkpointing, beyond the gradients: the recomputation of the bottom layer, when
-    every gradient but that layer's adapters' exists: its saved tensors, its checkpointed input and
-    the DoRA transient."""
+    every gradient but that layer's adapters' exists: its saved tensors, its checkpointed input, its
+    weights' autocast casts and the DoRA transient."""
     if not (w.dora and w.grad_ckpt and w.training):
         return 0.0
-    working = (per_token.layer + per_token.checkpoint) * _scale(w) + dora_transient(w)
+    working = ((per_token.layer + per_token.checkpoint) * _scale(w) + dora_transient(w)
+               + _layer_casts(w, sizes) / max(sizes.layers, 1))
     missing = trained.trainable * trained.param_bytes / max(sizes.layers, 1)
     return max(0.0, working - missing)
 

@@ -43,12 +43,14 @@ LIGER_PATCHED_TYPES = frozenset({
 # fused MoE kernel (ops/fused_moe.py; estimator.activations `_liger_moe`), and GPT-OSS (its RMSNorm
 # and loss; its clamped-SwiGLU experts stay transformers'), 2026-11-27 too; GLM-4 (four RMSNorms per
 # layer, Phi-3's fused SwiGLU) and EXAONE-4 (its q/k norms patched too) traced at hidden 1024,
-# 2026-11-27. Still patched but not modelled: Granite (Liger's unfused cross_entropy on the logits,
-# its fused loss refuses Granite) and Llama-4; Qwen2.5-VL's and Qwen3-VL's patches do not import under
+# 2026-11-27; Llama-4 (RMSNorm, the dense and shared SwiGLUs, rope, fused loss; its experts stay
+# transformers' bmm: tests/test_stacks.py at Scout's size, two layers). Still patched but not
+# modelled: Granite (Liger's unfused cross_entropy on the logits, its fused loss refuses Granite);
+# Qwen2.5-VL's and Qwen3-VL's patches do not import under
 # transformers 5.23: --liger is refused there, estimator.workload LIGER_UNIMPORTABLE)
 LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
                                "smollm3", "olmo2", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-                               "qwen3_next", "gpt_oss", "glm4", "exaone4"})
+                               "qwen3_next", "gpt_oss", "glm4", "exaone4", "llama4_text"})
 
 
 @dataclass(frozen=True)

@@ -101,8 +101,9 @@ def test_magnitudes_carry_gradients_and_adam_states():
 # ---- against the tracer --------------------------------------------------------------------------
 
 # (settings, whether the whole peak is held to 1 %): on this small, wide model the estimator's LoRA
-# baseline itself is off by 4-16 % for checkpointed autocast/QLoRA steps (allocator rounding of many
-# small tensors, the autocast cache of the adapters), so there only DoRA's increment is compared
+# baseline itself is off by 5-12 % for checkpointed autocast/QLoRA steps (allocator rounding of many
+# small tensors), so there the DoRA step's whole peak is held to 3 % (the recomputed layer's weight
+# casts counted: the autocast one was 11 % under before) and its increment over the baseline to 6 %
 _CASES = [
     (dict(method="lora", lora_targets="all-linear", seq=16), True),
     (dict(method="lora", lora_targets="all-linear", seq=16, grad_ckpt=True), True),
@@ -141,10 +142,9 @@ def test_dora_increment_peak_and_saved_activations_match_the_trace(case):
     est, est_plain = (estimate_memory(x, 0.0, 0).peak_allocated_bytes for x in (w, plain))
     added, added_traced = est - est_plain, traced.peak_allocated_bytes - traced_plain.peak_allocated_bytes
     assert added_traced > 0
-    assert abs(added - added_traced) <= 0.03 * added_traced, (added, added_traced)
-    if whole:
-        assert abs(est - traced.peak_allocated_bytes) <= 0.01 * traced.peak_allocated_bytes, \
-            (est, traced.peak_allocated_bytes)
+    assert abs(added - added_traced) <= (0.03 if whole else 0.06) * added_traced, (added, added_traced)
+    assert abs(est - traced.peak_allocated_bytes) <= (0.01 if whole else 0.03) * traced.peak_allocated_bytes, \
+        (est, traced.peak_allocated_bytes)
     # what DoRA adds to the saved activations (base and adapter outputs, three vectors per module);
     # the estimator does not add the allocator's 512-byte rounding per tensor (README), a few percent
     # of what a 16-token step saves: 3 % or 32 tensors' rounding
