@@ -43,7 +43,7 @@ from typing import NamedTuple
 from estimator import dora
 from estimator.lora_targets import expert_targets, trained_roles
 from estimator.model import ModelSpec
-from estimator.regimes import regime
+from estimator.regimes import LIGER_UNFUSED_LOSS, regime
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
@@ -920,8 +920,9 @@ def logits_saved_per_token(key: ActivationKey) -> int:
     fused linear cross-entropy computes the gradients in the forward, chunk by chunk, and keeps only
     the gradient of its input (hidden width, in the dtype of its input: the final norm's output, the
     residual stream's dtype with Liger's RMSNorm; liger-kernel 0.8.5
-    ops/fused_linear_cross_entropy.py `grad_input = zeros_like(_input)`)."""
-    if key.liger:
+    ops/fused_linear_cross_entropy.py `grad_input = zeros_like(_input)`). Liger's unfused
+    cross_entropy (Granite) saves the fp32 logits it wrote the gradient into: as log_softmax's output."""
+    if liger_fused_loss(key):
         return dtypes(key).residual * key.model.hidden_size
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
     softcap = softcap_saved_per_token(key)
@@ -930,10 +931,16 @@ def logits_saved_per_token(key: ActivationKey) -> int:
     return 4 * vocab + softcap
 
 
+def liger_fused_loss(key: ActivationKey) -> bool:
+    """Liger's fused linear cross-entropy computes the loss (no logits materialised): Liger on a
+    model whose patch fuses it (not Granite: `LIGER_UNFUSED_LOSS`)."""
+    return key.liger and key.model.model_type not in LIGER_UNFUSED_LOSS
+
+
 def softcap_saved_per_token(key: ActivationKey) -> int:
     """Gemma-2's final soft-capping saves its tanh output (the logits' dtype) for the backward; 0
     without soft-capping or with Liger's fused loss."""
-    return 0 if key.liger or not key.model.logit_softcap else _logit_bytes(key) * key.model.vocab_size
+    return 0 if liger_fused_loss(key) or not key.model.logit_softcap else _logit_bytes(key) * key.model.vocab_size
 
 
 def logits_forward_per_token(key: ActivationKey) -> int:
@@ -941,10 +948,13 @@ def logits_forward_per_token(key: ActivationKey) -> int:
     log_softmax's output; with soft-capping the tanh output and the capped logits. Liger: its
     input's gradient, the fp32 per-token loss, the mask of labelled tokens and the padded and
     shifted int64 labels (liger-kernel 0.8.5 transformers/model/loss_utils.py `LigerForCausalLMLoss`;
-    the logits chunk is a fixed size: memory.py)."""
-    if key.liger:
+    the logits chunk is a fixed size: memory.py). Liger's unfused cross_entropy (Granite): the
+    logits, their fp32 upcast (its gradient, written in place) and the per-token loss."""
+    if liger_fused_loss(key):
         return dtypes(key).residual * key.model.hidden_size + 4 + 1 + 2 * 8
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    if key.liger:
+        return (logit + 4 if logit != 4 else 4) * vocab + 4 + softcap_saved_per_token(key)
     if key.loss == "hf-legacy":     # the fp32 logits (the half ones freed by the upcast), their shifted
         # contiguous copy and log_softmax's output
         return 12 * vocab + softcap_saved_per_token(key)
@@ -959,10 +969,14 @@ def logits_forward_per_token(key: ActivationKey) -> int:
 def logits_backward_per_token(key: ActivationKey) -> int:
     """Peak of the loss in the backward: log_softmax's saved output, the incoming gradient and the
     outgoing gradient, all fp32 (12 B x vocab), plus the soft-capping tanh output. Liger: the saved
-    input gradient is the outgoing gradient (scaled in place)."""
-    if key.liger:
+    input gradient is the outgoing gradient (scaled in place). Liger's unfused cross_entropy
+    (Granite): its saved fp32 logits are the gradient, cast back to the logits' dtype (no cast for
+    fp32 logits: Granite's scaling's backward makes the next copy)."""
+    if liger_fused_loss(key):
         return logits_saved_per_token(key)
     vocab, logit = key.model.vocab_size, _logit_bytes(key)
+    if key.liger:
+        return (4 + logit) * vocab + softcap_saved_per_token(key)
     if key.loss == "hf-legacy":     # beside those, the fp32 logits the kept output holds
         return 12 * vocab + logits_kept_per_token(key) + softcap_saved_per_token(key)
     if key.loss == "model-dtype":   # log_softmax's output, its incoming and outgoing gradient (fp32
@@ -975,7 +989,7 @@ def logits_kept_per_token(key: ActivationKey) -> int:
     """The logits a loop keeps through the whole backward, per token: `--loss hf-legacy`'s fp32
     logits, which the model returned and the loop's `output` holds until the next step; 0 otherwise
     (the HF Trainer keeps only the loss)."""
-    return 4 * key.model.vocab_size if key.loss == "hf-legacy" and not key.liger else 0
+    return 4 * key.model.vocab_size if key.loss == "hf-legacy" and not liger_fused_loss(key) else 0
 
 
 def inference_attention_bytes_per_token(key: ActivationKey, kv_tokens: int) -> int:

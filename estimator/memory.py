@@ -312,7 +312,7 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
     head = _head_cast(w, sizes) / 2
-    if key.liger and saved:   # Liger's loss casts the lm_head inside its fused function and saves no cast
+    if act.liger_fused_loss(key) and saved:   # Liger's loss casts the lm_head inside its fused function, saves none
         head = 0.0
     layers = _layer_casts(w, sizes)
     cached = w.method == "full" and not saved    # the cache outlives checkpointed layers' forward
@@ -407,7 +407,7 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     below = acts - per_token.outside * tokens        # the layers' saved tensors
     kept = act.logits_kept_per_token(key) * tokens   # logits a loop keeps to the end
     # the first layer the backward reaches: the lm_head's backward has released its saved cast
-    top_casts = casts_bwd - (0.0 if key.liger else _head_cast(w, sizes))
+    top_casts = casts_bwd - (0.0 if act.liger_fused_loss(key) else _head_cast(w, sizes))
     if w.grad_ckpt:
         # the recomputed layer casts its weights again under autocast (the forward's were freed)
         top_casts += _layer_casts(w, sizes) / max(sizes.layers, 1)
@@ -525,7 +525,7 @@ def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
     stays cached beside each chunk's own cast of its transpose, and the chunk's input is cast to half
     for the addmm."""
     key = _activation_key(w)
-    if not key.liger:
+    if not act.liger_fused_loss(key):
         return 0.0
     spec, dt = w.model, act.dtypes(key)
     tokens = w.batch * w.seq
@@ -543,7 +543,7 @@ def _liger_loss_bytes(w: Workload, sizes: Sizes, trained: Training) -> float:
 
 def _liger_saved_head_grad(w: Workload, sizes: Sizes, trained: Training) -> float:
     """Liger: a trained lm_head's gradient, made in the forward and saved for the backward (bytes)."""
-    if not (_activation_key(w).liger and w.method == "full"):
+    if not (act.liger_fused_loss(_activation_key(w)) and w.method == "full"):
         return 0.0
     return _head_grad_bytes(sizes, trained)
 
@@ -570,7 +570,7 @@ def _output_layer_backward(w: Workload, sizes: Sizes, trained: Training) -> floa
     (under AMP the half weight gradient and its fp32 cast are both alive for a moment)."""
     act_bytes = w.activation_dtype_bytes
     head = sizes.head if sizes.head else sizes.embed
-    if _activation_key(w).liger:   # no logits: the weight gradient was made in the forward
+    if act.liger_fused_loss(_activation_key(w)):   # no logits: the weight gradient was made in the forward
         return head * trained.param_bytes + act.logits_backward_per_token(_activation_key(w)) * _scale(w)
     # the half logits' gradient, beside the fp32 logits a loop keeps (--loss hf-legacy)
     logits_grad = (act_bytes * w.model.vocab_size + act.logits_kept_per_token(_activation_key(w))) * _scale(w)
@@ -607,7 +607,7 @@ def _end_of_backward(w: Workload, sizes: Sizes, trained: Training) -> float:
     With accumulation, the earlier micro-batches' gradient beside them."""
     if w.method != "full" or w.zero or w.fsdp != "none":
         return 0.0
-    in_place = w.amp and not _activation_key(w).liger
+    in_place = w.amp and not act.liger_fused_loss(_activation_key(w))
     tied = (1 if in_place else 2) if w.model.tied_embeddings else 0
     copies = tied + int(w.grad_accum > 1)
     return copies * sizes.embed * trained.param_bytes

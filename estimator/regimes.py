@@ -44,13 +44,18 @@ LIGER_PATCHED_TYPES = frozenset({
 # and loss; its clamped-SwiGLU experts stay transformers'), 2026-11-27 too; GLM-4 (four RMSNorms per
 # layer, Phi-3's fused SwiGLU) and EXAONE-4 (its q/k norms patched too) traced at hidden 1024,
 # 2026-11-27; Llama-4 (RMSNorm, the dense and shared SwiGLUs, rope, fused loss; its experts stay
-# transformers' bmm: tests/test_stacks.py at Scout's size, two layers). Still patched but not
-# modelled: Granite (Liger's unfused cross_entropy on the logits, its fused loss refuses Granite);
-# Qwen2.5-VL's and Qwen3-VL's patches do not import under
+# transformers' bmm: tests/test_stacks.py at Scout's size, two layers) and Granite (its fused loss
+# refuses Granite's scaled logits: Liger's cross_entropy on the materialised fp32 logits instead,
+# `LIGER_UNFUSED_LOSS`), 2026-11-28. Qwen2.5-VL's and Qwen3-VL's patches do not import under
 # transformers 5.23: --liger is refused there, estimator.workload LIGER_UNIMPORTABLE)
 LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
                                "smollm3", "olmo2", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-                               "qwen3_next", "gpt_oss", "glm4", "exaone4", "llama4_text"})
+                               "qwen3_next", "gpt_oss", "glm4", "exaone4", "llama4_text", "granite"})
+# of those, the ones whose loss Liger does not fuse with the lm_head: liger-kernel 0.8.5
+# apply_liger_kernel_to_granite (fused_linear_cross_entropy refused, cross_entropy=True: it rebinds the
+# torch.nn.functional.cross_entropy transformers' ForCausalLMLoss calls, ops/cross_entropy.py: the
+# gradient written into the fp32 logits in place, which it saves)
+LIGER_UNFUSED_LOSS = frozenset({"granite"})
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ undone when the context exits.
   path allocates a weight-sized temporary per chunk. The tracer answers "cuda" to that module's
   own device questions (its allocations stay fake cpu tensors), compute capability 9.0, and the
   CUDA autocast state is the CPU one; its `.item()` (the count of labelled tokens, a scale) is 1.
+  Its plain cross-entropy (Granite's loss) counts the labelled tokens and asserts the labels are in
+  range, data the fake tensors do not have: the count is 1 and the labels are taken as in range.
 
 `kv_cache_tagging` is not an adjustment: it lets the tracker file the KV cache apart.
 """
@@ -198,6 +200,7 @@ def kv_cache_tagging():
 # module whose device questions get CUDA's answer, and the factories it calls with that device.
 _FLCE = "liger_kernel.ops.fused_linear_cross_entropy"
 _FUSED_MOE = "liger_kernel.ops.fused_moe"
+_CE = "liger_kernel.ops.cross_entropy"
 _FACTORIES = ("empty", "empty_like", "full", "tensor", "zeros", "zeros_like")
 
 
@@ -231,7 +234,23 @@ def _liger_kernels():
         stack.enter_context(_patched(flce, "fused_linear_cross_entropy_backward", _unit_scale(backward)))
         moe = importlib.import_module(_FUSED_MOE)
         stack.enter_context(_patched(moe, "compute_routing_metadata", _tile_count(moe.compute_routing_metadata)))
+        ce = importlib.import_module(_CE)
+        stack.enter_context(_patched(ce, "cross_entropy_forward", _labelled(ce.cross_entropy_forward)))
+        stack.enter_context(_patched(ce, "cross_entropy_backward", _unit_scale(ce.cross_entropy_backward)))
         yield
+
+
+def _labelled(fn):
+    """Liger's cross-entropy (liger-kernel 0.8.5 ops/cross_entropy.py, Granite's loss) counts the
+    labelled tokens (`.item()`) and asserts the labels are in range (data the fake tensors do not
+    have): a count of 1 scales its in-place gradient, and the labels are the batch's own, in range."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def run(*args, **kwargs):
+        with _patched(FakeTensor, "item", lambda self: 1.0 if self.is_floating_point() else 1), \
+                _patched(FakeTensor, "__bool__", lambda self: True):
+            return fn(*args, **kwargs)
+    return run
 
 
 def _tile_count(fn):
