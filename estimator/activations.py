@@ -43,7 +43,7 @@ from typing import NamedTuple
 from estimator import dora
 from estimator.lora_targets import expert_targets, trained_roles
 from estimator.model import ModelSpec
-from estimator.regimes import LIGER_UNFUSED_LOSS, regime
+from estimator.regimes import liger_fuses_loss, regime
 from estimator.tables import dtype_bytes
 from estimator.workload import Workload
 
@@ -558,7 +558,7 @@ def dense_experts_weight_gradient_bytes(key: ActivationKey) -> int:
     """Llama-4's MoE block trained (full fine-tune), at its experts' down_proj bmm backward: the
     shared expert's weight gradients (its branch's backward ran first) and the experts' down_proj
     gradient the bmm makes, in the parameter dtype. 0 otherwise."""
-    if key.method != "full" or not key.training or key.model.model_type not in _DENSE_EXPERTS:
+    if key.method != "full" or not key.training or not dense_experts(key.model):
         return 0
     spec = key.model
     weight = 4 if _fp32_weights(key) else dtypes(key).compute
@@ -570,7 +570,7 @@ def dense_experts_routed_bytes_per_token(key: ActivationKey) -> int:
     """Llama-4's MoE forward, while the shared expert runs (transformers 5.23 Llama4TextMoe.forward):
     the routed output (one hidden row per expert) and, where the experts' weights do not train, the
     scaled input, which only their weight gradient would have saved. 0 for other architectures."""
-    if not key.training or key.model.model_type not in _DENSE_EXPERTS:
+    if not key.training or not dense_experts(key.model):
         return 0
     spec, dt = key.model, dtypes(key)
     scaled = 0 if key.method == "full" else dt.residual * spec.hidden_size
@@ -933,8 +933,8 @@ def logits_saved_per_token(key: ActivationKey) -> int:
 
 def liger_fused_loss(key: ActivationKey) -> bool:
     """Liger's fused linear cross-entropy computes the loss (no logits materialised): Liger on a
-    model whose patch fuses it (not Granite: `LIGER_UNFUSED_LOSS`)."""
-    return key.liger and key.model.model_type not in LIGER_UNFUSED_LOSS
+    model whose patch fuses it (not Granite: estimator.regimes.LIGER_UNFUSED_LOSS)."""
+    return key.liger and liger_fuses_loss(key.model.model_type)
 
 
 def softcap_saved_per_token(key: ActivationKey) -> int:

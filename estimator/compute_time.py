@@ -42,7 +42,7 @@ from estimator.flops import attention_flops_per_token, matmul_params
 from estimator.lora_targets import matched
 from estimator.model import ModelSpec
 from estimator.params import count_params
-from estimator.regimes import LIGER_UNFUSED_LOSS, regime
+from estimator.regimes import liger_fuses_loss, regime
 from estimator.workload import BNB_QUANTS, Workload
 
 # FlashAttention-3 (Shah et al. 2024, abstract): FlashAttention-2 reaches only 35 % of peak on H100
@@ -295,7 +295,7 @@ def _elementwise_s(w: Workload, gpu: tables.GpuSpec, tokens: float, training: bo
     layer = layer_elementwise_bytes(spec, a, liger) * spec.num_layers * tokens
     if not training:
         return layer / bandwidth(gpu) / (w.tp * w.pp)
-    fused = liger and spec.model_type not in LIGER_UNFUSED_LOSS    # Granite: Liger's loss on the logits
+    fused = liger and liger_fuses_loss(spec.model_type)    # Granite: Liger's loss on the logits
     total = layer * gemm_passes(w)[0] + loss_bytes_per_token(spec, a, fused) * tokens + fp8_cast_bytes(w, tokens)
     return total / bandwidth(gpu) / (w.tp * w.pp)
 

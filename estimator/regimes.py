@@ -58,6 +58,11 @@ LIGER_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "g
 LIGER_UNFUSED_LOSS = frozenset({"granite"})
 
 
+def liger_fuses_loss(model_type: str) -> bool:
+    """Whether Liger's patch for `model_type` replaces the loss with its fused linear cross-entropy."""
+    return model_type not in LIGER_UNFUSED_LOSS
+
+
 @dataclass(frozen=True)
 class Regime:
     """Resolved stack decisions of one Workload (bytes per element where a dtype is meant)."""
