@@ -7,6 +7,7 @@
     python scripts/bench_tracer.py --match dora --no-7b   # the configurations whose label has "dora"
     python scripts/bench_tracer.py --catalog              # one catalog config per model type, two layers
     python scripts/bench_tracer.py --families  # only the newer families (profiler/trace/families.py)
+    python scripts/bench_tracer.py --regimes   # stack regimes at real widths, two layers (Llama-4, Granite)
     python scripts/bench_tracer.py --measured h100-80gb   # traced whole against that GPU's measurements
 
 For every configuration: the traced peak_allocated_bytes (profiler.trace, fake tensors, layer
@@ -153,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--catalog", action="store_true",
                    help="only the catalog section: one config per catalog model type, two layers deep, "
                         "full and LoRA on all linears")
+    p.add_argument("--regimes", action="store_true",
+                   help="only the stack regimes at real widths, two layers deep (profiler.trace.grid REGIME_CASES)")
     p.add_argument("--measured", metavar="GPU",
                    help="trace the rows of calibrations/measurements/GPU whole, reserved included, against them")
     args = p.parse_args(argv)
@@ -160,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         return _families_only(args)
     if args.catalog:
         return _catalog_only(args)
+    if args.regimes:
+        return _regimes_only(args)
     if args.measured:
         return _measured(args)
     cases = list(TEST_SUBSET) if args.subset else grid()
@@ -222,6 +227,33 @@ def _families_only(args) -> int:
         return 0
     print_family_summary(s)
     print(f"families traced in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def _regimes_only(args) -> int:
+    """The stack regimes at real widths, two layers deep (profiler.trace.grid REGIME_CASES, the cases
+    tests/test_stacks.py holds): Llama-4 Scout's experts under autocast and Liger, Granite with Liger."""
+    from profiler.trace.grid import REGIME_CASES, compare_regime
+
+    start = time.perf_counter()
+    rows = []
+    for model, settings, _ in REGIME_CASES:
+        with contextlib.redirect_stdout(io.StringIO()):
+            row = compare_regime(model, settings)
+        rows.append(row)
+        if not args.json:
+            print(f"{row.configuration:<72} peak {100 * row.peak_error:+7.2f}%   saved {100 * row.saved_error:+7.2f}%",
+                  flush=True)
+    peak, saved = summary([r.peak_error for r in rows]), summary([r.saved_error for r in rows])
+    if args.json:
+        print(json.dumps({"rows": [r.to_dict() for r in rows], "peak_allocated": peak, "saved_activations": saved,
+                          "regimes_s": time.perf_counter() - start}, indent=2))
+        return 0
+    print()
+    for name, s in (("regimes peak_allocated_bytes", peak), ("regimes saved activations", saved)):
+        print(f"{name:<30} n={s['n']:<4} median |error| {100 * s['median_abs']:.2f}%   worst {100 * s['worst_abs']:.2f}%"
+              f"   under-estimates {100 * s['under_rate']:.0f}%")
+    print(f"regimes traced in {time.perf_counter() - start:.0f} s")
     return 0
 
 

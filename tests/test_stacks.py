@@ -23,6 +23,7 @@ from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.states import lora_params, model_states, states_key
 from estimator.workload import Workload
+from profiler.trace.grid import REGIME_CASES
 
 TINY = Path(__file__).with_name("data") / "tiny-llama.json"
 
@@ -235,39 +236,23 @@ def test_every_patched_family_is_modelled_or_refused(monkeypatch):
     assert any("patches model_type granite, but the estimator does not model" in n for n in r.notes)
 
 
-def test_granite_with_liger_matches_the_trace():
-    """Granite with Liger (liger-kernel 0.8.5): RMSNorm, SwiGLU and rope as on Llama, but its fused
-    loss refuses Granite's scaled logits, so transformers' loss upcasts them and Liger's
-    cross_entropy writes the gradient into that fp32 copy and saves it. At a Granite-3 2B width, two
-    layers: within 1% of the trace (38% over when Liger was not modelled on Granite)."""
-    from estimator.model import spec_from_config
-    from profiler.trace import families
-    from profiler.trace.step import trace
-    from estimator.memory import estimate_memory
-
-    cfg = dict(families.config("granite"), hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=49155, max_position_embeddings=4096)
-    for method, extra in (("full", {}), ("lora", {}), ("qlora", {"quant": "nf4"})):
-        w = Workload(spec_from_config(cfg, "granite-2b-width"), method=method, batch=1, seq=1024, liger=True,
-                     **extra).validate()
-        _assert_close(w, trace(w, cfg, layers=2), estimate_memory(w, 0.0, 0), tol=0.01)
-
-
-@pytest.mark.parametrize("settings", [
-    dict(method="qlora", quant="nf4"),                     # the experts' fp32 casts (kbit prep): was 21% under
-    dict(method="qlora", quant="nf4", grad_ckpt=True),     # the recomputed layer's casts: was 6% under
-    dict(method="lora", precision="amp-bf16", grad_ckpt=True),
-    dict(method="lora", liger=True),                       # the routed output beside the shared expert
-    dict(method="full", liger=True),                       # the down_proj bmm's backward
-    dict(method="qlora", quant="nf4", liger=True, grad_ckpt=True),
-])
-def test_llama4_experts_match_the_trace(settings):
-    """Llama-4 Scout two layers deep (transformers 5.23 Llama4TextExperts: every expert runs every
-    token through torch.bmm on its parameters): autocast casts those parameters (bitsandbytes leaves
-    them unquantized, kbit preparation makes them fp32) and the bmm saves the casts; with Liger's
+@pytest.mark.parametrize("model, settings, tol", REGIME_CASES,
+                         ids=[f"{m.split('/')[-1]}-{'-'.join(f'{k}={v}' for k, v in s.items())}" for m, s, _ in REGIME_CASES])
+def test_stack_regimes_at_real_widths_match_the_trace(model, settings, tol):
+    """Two layers deep at real widths (profiler.trace.grid REGIME_CASES; `scripts/bench_tracer.py
+    --regimes` prints them). Llama-4 Scout (transformers 5.23 Llama4TextExperts: every expert runs
+    every token through torch.bmm on its parameters): autocast casts those parameters (bitsandbytes
+    leaves them unquantized, kbit preparation makes them fp32) and the bmm saves the casts (QLoRA was
+    21% under); with checkpointing the recomputed layer casts them again (6% under); with Liger's
     fused loss the peak moves into the MoE block (the routed output beside the shared expert's
-    LoRA, the down_proj bmm's backward). Within 1.5% of the trace, peak and saved activations."""
-    _assert_close(*_two_layers("meta-llama/Llama-4-Scout-17B-16E", batch=1, seq=512, **settings), tol=0.015)
+    LoRA, the down_proj bmm's backward). Granite with Liger (liger-kernel 0.8.5): RMSNorm, SwiGLU and
+    rope as on Llama, but its fused loss refuses Granite's scaled logits, so transformers' loss
+    upcasts them and Liger's cross_entropy writes the gradient into that fp32 copy and saves it (38%
+    over when Liger was not modelled on Granite). Peak and saved activations within `tol`."""
+    from profiler.trace.grid import compare_regime
+
+    row = compare_regime(model, settings)
+    assert abs(row.peak_error) <= tol and abs(row.saved_error) <= tol, row
 
 
 def test_liger_fused_moe_makes_the_frozen_experts_weight_gradients():

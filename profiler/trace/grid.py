@@ -353,3 +353,47 @@ def compare_catalog(name: str, method: str, layers: int = 2):
     except Exception as exc:  # noqa: BLE001 - a refusal or a config that does not cut to two layers: a line
         return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
     return grid_row(f"{w.model.name} {method} {w.attn}", w, traced)
+
+
+# Stack regimes at real widths, two layers deep (issue 13), where the trace-sized configs are too
+# small to show them: Llama-4 Scout's experts (torch.bmm on unquantized parameters, cast by
+# autocast), with and without Liger, and Granite with Liger (its loss left unfused) at a Granite-3
+# 2B width. (model, settings, tolerance the tests hold peak and saved activations to)
+GRANITE_2B_WIDTH = dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                        vocab_size=49155, max_position_embeddings=4096)
+_SCOUT = "meta-llama/Llama-4-Scout-17B-16E"
+REGIME_CASES = (
+    (_SCOUT, dict(method="qlora", quant="nf4", batch=1, seq=512), 0.015),
+    (_SCOUT, dict(method="qlora", quant="nf4", grad_ckpt=True, batch=1, seq=512), 0.015),
+    (_SCOUT, dict(method="lora", precision="amp-bf16", grad_ckpt=True, batch=1, seq=512), 0.015),
+    (_SCOUT, dict(method="lora", liger=True, batch=1, seq=512), 0.015),
+    (_SCOUT, dict(method="full", liger=True, batch=1, seq=512), 0.015),
+    (_SCOUT, dict(method="qlora", quant="nf4", liger=True, grad_ckpt=True, batch=1, seq=512), 0.015),
+    ("granite", dict(method="full", liger=True, batch=1, seq=1024), 0.01),
+    ("granite", dict(method="lora", liger=True, batch=1, seq=1024), 0.01),
+    ("granite", dict(method="qlora", quant="nf4", liger=True, batch=1, seq=1024), 0.01),
+)
+
+
+def compare_regime(model: str, settings: dict, layers: int = 2) -> GridRow:
+    """A REGIME_CASES row traced `layers` decoder layers deep (a catalog model's config, its text
+    model's for Llama-4; "granite": the trace-sized family config at GRANITE_2B_WIDTH) against the
+    raw estimate."""
+    from estimator.configs import load_config
+    from estimator.model import spec_from_config
+    from estimator.workload import Workload
+    from profiler.trace import families
+
+    if model == "granite":
+        cfg, name = dict(families.config("granite"), **GRANITE_2B_WIDTH), "granite (2B width)"
+    else:
+        raw = load_config(model)[0]
+        cfg, name = dict(raw.get("text_config") or raw), model
+    cfg["num_hidden_layers"] = layers
+    for key in ("layer_types", "no_rope_layers"):       # per-layer lists
+        if isinstance(cfg.get(key), list):
+            cfg[key] = cfg[key][:layers]
+    w = Workload(spec_from_config(cfg, f"{name} ({layers} layers)"), **settings).validate()
+    label = " ".join([w.model.name, w.method, w.precision, f"{w.batch}x{w.seq}"]
+                     + (["ckpt"] if w.grad_ckpt else []) + (["liger"] if w.liger else []))
+    return grid_row(label, w, trace(w, cfg, layers=layers))
