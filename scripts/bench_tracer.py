@@ -123,12 +123,17 @@ def family_summary(rows: list, refused: list) -> dict:
             "worst_by_family": worst}
 
 
+def summary_line(name: str, s: dict, width: int = 30) -> str:
+    """One summary's line: points, median and worst |error|, share of under-estimates."""
+    return (f"{name:<{width}} n={s['n']:<4} median |error| {100 * s['median_abs']:.2f}%   worst "
+            f"{100 * s['worst_abs']:.2f}%   under-estimates {100 * s['under_rate']:.0f}%")
+
+
 def print_family_summary(s: dict) -> None:
     print()
     for name, key in (("peak_allocated_bytes", "peak_allocated"), ("saved activations", "saved_activations")):
         v = s[key]
-        print(f"families {name:<22} n={v['n']:<4} median |error| {100 * v['median_abs']:.2f}%   "
-              f"worst {100 * v['worst_abs']:.2f}%   under-estimates {100 * v['under_rate']:.0f}%")
+        print(summary_line(f"families {name}", v, 31))
     print(f"families: {s['traced']} rows traced, {s['refused']} refused (not counted)")
     print("worst |error| by family: " + ", ".join(f"{n} {100 * e:.2f}%" for n, e in s["worst_by_family"].items()))
 
@@ -200,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print()
     for name, s in (("peak_allocated_bytes", peak), ("saved activations", saved)):
-        print(f"{name:<22} n={s['n']:<4} median |error| {100 * s['median_abs']:.2f}%   worst {100 * s['worst_abs']:.2f}%"
-              f"   under-estimates {100 * s['under_rate']:.0f}%")
+        print(summary_line(name, s, 22))
     print(f"grid traced in {result['grid_s']:.0f} s")
     if "families" in result:
         print_family_summary(result["families"])
@@ -251,8 +255,7 @@ def _regimes_only(args) -> int:
         return 0
     print()
     for name, s in (("regimes peak_allocated_bytes", peak), ("regimes saved activations", saved)):
-        print(f"{name:<30} n={s['n']:<4} median |error| {100 * s['median_abs']:.2f}%   worst {100 * s['worst_abs']:.2f}%"
-              f"   under-estimates {100 * s['under_rate']:.0f}%")
+        print(summary_line(name, s))
     print(f"regimes traced in {time.perf_counter() - start:.0f} s")
     return 0
 
@@ -282,8 +285,7 @@ def _catalog_only(args) -> int:
         return 0
     print()
     for name, s in (("catalog peak_allocated_bytes", peak), ("catalog saved activations", saved)):
-        print(f"{name:<30} n={s['n']:<4} median |error| {100 * s['median_abs']:.2f}%   worst {100 * s['worst_abs']:.2f}%"
-              f"   under-estimates {100 * s['under_rate']:.0f}%")
+        print(summary_line(name, s))
     for line in refused:
         print(f"not traced: {line}")
     print(f"catalog traced in {time.perf_counter() - start:.0f} s")
