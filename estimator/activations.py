@@ -799,7 +799,7 @@ def moe_backward_bytes_per_token(key: ActivationKey) -> int:
         compute, chosen = dtypes(key).compute, spec.experts_per_token
         return compute * (chosen * (3 * spec.moe_intermediate_size + spec.hidden_size + 1) + spec.hidden_size)
     compute = dtypes(key).compute
-    if spec.model_type in _DENSE_EXPERTS:
+    if dense_experts(spec):
         # Llama4TextExperts' down_proj bmm backward (transformers 5.23): the routed output's gradient,
         # materialised from the sum's expanded gradient (one hidden row per expert), the product's
         # gradient it makes, and the layer's incoming residual gradient

@@ -161,15 +161,13 @@ def _two_layers(model: str, **settings):
     from estimator.configs import load_config
     from estimator.memory import estimate_memory
     from estimator.model import spec_from_config
+    from profiler.trace.layers import first_layers
     from profiler.trace.step import trace
 
     cfg = load_config(model)[0]
-    cfg = dict(cfg.get("text_config") or cfg, num_hidden_layers=2)   # Llama-4: its text model
+    cfg = first_layers(cfg.get("text_config") or cfg, 2)   # Llama-4: its text model; GPT-OSS: one sliding, one full
     if "first_k_dense_replace" in cfg:
         cfg["first_k_dense_replace"] = 1
-    for name in ("layer_types", "no_rope_layers"):   # GPT-OSS: one sliding, one full layer
-        if isinstance(cfg.get(name), list):
-            cfg[name] = cfg[name][:2]
     w = Workload(spec_from_config(cfg, f"{model}-2-layers"), **settings).validate()
     return w, trace(w, cfg, layers=2), estimate_memory(w, 0.0, 0)
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from estimator.lora_targets import is_all_linear
 from estimator.memory import estimate_memory, saved_activation_bytes
 from profiler.case import Case
+from profiler.trace.layers import first_layers
 from profiler.trace.step import trace
 
 SIZES = ((1, 512), (2, 1024), (4, 2048))            # (micro-batch, sequence)
@@ -336,15 +337,10 @@ def compare_catalog(name: str, method: str, layers: int = 2):
     from estimator.workload import Workload, loaded_attn
 
     cfg = json.loads((CATALOG_DIR / name).read_text())
-    text = cfg.get("text_config", cfg)
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
-        if key in text:
-            text[key] = layers
-    for key in ("layer_types", "no_rope_layers"):      # per-layer lists (Llama-4: no_rope_layers)
-        if isinstance(text.get(key), list):
-            text[key] = text[key][:layers]
-    if isinstance(text.get("moe_layers"), list):       # layer indices
-        text["moe_layers"] = [i for i in text["moe_layers"] if i < layers]
+    if "text_config" in cfg:
+        cfg["text_config"] = first_layers(cfg["text_config"], layers)
+    else:
+        cfg = first_layers(cfg, layers)
     extra = dict(lora_targets=("all-linear",)) if method == "lora" else {}
     try:
         spec = spec_from_config(cfg, f"{name.removesuffix('.json')} ({layers} layers)")
@@ -388,11 +384,8 @@ def compare_regime(model: str, settings: dict, layers: int = 2) -> GridRow:
         cfg, name = dict(families.config("granite"), **GRANITE_2B_WIDTH), "granite (2B width)"
     else:
         raw = load_config(model)[0]
-        cfg, name = dict(raw.get("text_config") or raw), model
-    cfg["num_hidden_layers"] = layers
-    for key in ("layer_types", "no_rope_layers"):       # per-layer lists
-        if isinstance(cfg.get(key), list):
-            cfg[key] = cfg[key][:layers]
+        cfg, name = raw.get("text_config") or raw, model
+    cfg = first_layers(cfg, layers)
     w = Workload(spec_from_config(cfg, f"{name} ({layers} layers)"), **settings).validate()
     label = " ".join([w.model.name, w.method, w.precision, f"{w.batch}x{w.seq}"]
                      + (["ckpt"] if w.grad_ckpt else []) + (["liger"] if w.liger else []))

@@ -58,6 +58,20 @@ def reduced_config(cfg: dict, kinds: list[Kind]) -> dict:
     return out
 
 
+def first_layers(cfg: dict, layers: int) -> dict:
+    """A (text) config cut to its first `layers` decoder layers: the layer count, the per-layer
+    lists (layer_types; Llama-4's no_rope_layers) and the MoE layer indices kept below it."""
+    out = dict(cfg)
+    for key in [k for k in _LAYER_KEYS if k in cfg] or ["num_hidden_layers"]:
+        out[key] = layers
+    for key in ("layer_types", "no_rope_layers"):
+        if isinstance(cfg.get(key), list):
+            out[key] = cfg[key][:layers]
+    if isinstance(cfg.get("moe_layers"), list):
+        out["moe_layers"] = [i for i in cfg["moe_layers"] if i < layers]
+    return out
+
+
 @dataclass(frozen=True)
 class Plan:
     """The small models to trace and the weight of each in the extrapolated total."""
