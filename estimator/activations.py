@@ -800,10 +800,17 @@ def moe_backward_bytes_per_token(key: ActivationKey) -> int:
         return compute * (chosen * (3 * spec.moe_intermediate_size + spec.hidden_size + 1) + spec.hidden_size)
     compute = dtypes(key).compute
     if dense_experts(spec):
-        # Llama4TextExperts' down_proj bmm backward (transformers 5.23): the routed output's gradient,
-        # materialised from the sum's expanded gradient (one hidden row per expert), the product's
-        # gradient it makes, and the layer's incoming residual gradient
-        return compute * (spec.num_experts * (spec.hidden_size + spec.moe_intermediate_size) + spec.hidden_size)
+        # Llama4TextExperts (transformers 5.23), per expert row: the down_proj bmm's backward holds the
+        # routed output's gradient (materialised from the sum's expanded gradient) and makes the
+        # product's gradient; with frozen experts `up * act(gate)`'s backward then makes the
+        # gradients of up and of act(gate) while the product's is alive and the routed output's is
+        # gone: whichever is larger (the second wherever the expert width exceeds the hidden size;
+        # the fake-tensor trace of Llama-4 Maverick's block, LoRA), plus the layer's incoming
+        # residual gradient. Trained experts peak later, at gate_up_proj's weight gradient
+        # (`dense_experts_weight_gradient_bytes` and the gradients the states count).
+        hidden, width = spec.hidden_size, spec.moe_intermediate_size
+        per_expert = hidden + width if key.method == "full" else max(hidden + width, 3 * width)
+        return compute * (spec.num_experts * per_expert + hidden)
     return (4 * (4 if _fp32_routing_weights(spec.model_type) else compute) - 2 * compute) * spec.experts_per_token * spec.hidden_size
 
 

@@ -11,7 +11,7 @@ from estimator.calibration import NONE, Calibration, apply_memory, resolve, time
 from estimator.errors import InputError
 from estimator.fp8 import gpu_refusal
 from estimator.memory import Components, MemoryBreakdown, blas_workspace_bytes, components, offload_reuse_share
-from estimator.states import lora_params
+from estimator.states import frozen_vision, lora_params
 from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
@@ -123,7 +123,7 @@ class Estimate:
 
     def to_dict(self) -> dict:
         w, p = self.workload, count_params(self.workload.model)
-        trainable = p.total if w.method == "full" else (lora_params(w, p) if w.training else 0)
+        trainable = p.total - frozen_vision(w) if w.method == "full" else (lora_params(w, p) if w.training else 0)
         memory = self.memory.to_dict()
         memory["safe"] = {k: v for k, v in self.safe.items() if k != "terms"}
         memory["raw"] = {k: getattr(self.raw_memory, k) for k in

@@ -82,6 +82,10 @@ def model_tensors(spec: ModelSpec, params: ParamCounts) -> list[Tensor]:
         out.append(Tensor(spec.num_experts, spec.hidden_size, layers, "other", "router"))
         if params.router > gate:   # Qwen-MoE's shared expert gate: 1 x hidden per layer
             out.append(Tensor(1, spec.hidden_size, layers, "other", "router"))
+    if spec.vision_params:   # a VL model's vision tower: its linears, the rest (patch embedding, norms) as one
+        vision = [Tensor(d_out, d_in, n, "linear", "vision") for _, d_in, d_out, n in spec.vision_linears]
+        rest = spec.vision_params - sum(t.rows * t.width * t.count for t in vision)
+        out += vision + [Tensor(rest, 1, 1, "other", "vision")]
     return out
 
 
@@ -123,23 +127,29 @@ def quant_state_bytes(t: Tensor, double_quant: bool) -> float:
 
 
 def _layer_tensors(tensors: list[Tensor]) -> list[Tensor]:
-    return [t for t in tensors if t.kind in ("linear", "expert", "adapter")
+    """The decoder layers' tensors (a VL model's vision tower: its own groups, gathered before the
+    decoder runs, so not among them)."""
+    return [t for t in tensors if (t.kind in ("linear", "expert", "adapter") and t.role != "vision")
             or (t.kind == "other" and t.role in ("norm", "router", "q_proj", "k_proj", "v_proj", "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"))]
 
 
 def fsdp_states(spec: ModelSpec, params: ParamCounts, *, full: bool, quant: str, double_quant: bool,
                 adapters: list[Tensor], world: int, tp: int, frozen_bytes: int, trainable_bytes: int,
-                compute_bytes: int, reshard_after_forward: bool, fp8_gather: bool = False) -> FsdpStates:
+                compute_bytes: int, reshard_after_forward: bool, fp8_gather: bool = False,
+                train_vision: bool = False) -> FsdpStates:
     """Sharded states on rank 0 and the peak of FSDP's gathered/reduce-scatter buffers (bytes per GPU).
 
-    `full`: every parameter trains; otherwise the base is frozen (`frozen_bytes` per element,
+    `full`: every parameter trains (a VL model's vision tower only with `train_vision`, else it is
+    frozen, `frozen_bytes` per element); otherwise the base is frozen (`frozen_bytes` per element,
     4-bit linears packed when `quant` is nf4/fp4) and `adapters` train."""
     tensors = model_tensors(spec, params)
     four_bit = quant in ("nf4", "fp4")
     weights, replicated = 0.0, 0.0
     if full:
-        trainable = sum(t.shard(world) for t in tensors)
+        trains = [t for t in tensors if train_vision or t.role != "vision"]
+        trainable = sum(t.shard(world) for t in trains)
+        weights += frozen_bytes * sum(t.shard(world) for t in tensors if t not in trains)
     else:
         for t in tensors:
             if four_bit and t.kind == "linear":

@@ -114,7 +114,7 @@ def _mla_sites(spec: ModelSpec, prefix: str) -> list[Site]:
 # families whose feed-forward block is not `mlp` (Llama4TextDecoderLayer.feed_forward); their router
 # is an nn.Linear (Llama4Router), so all-linear reaches it
 _FEED_FORWARD = {"llama4_text": "feed_forward"}
-_LINEAR_ROUTER = ("llama4_text",)
+LINEAR_ROUTER = ("llama4_text",)
 
 
 def _linear_attention_sites(spec: ModelSpec, prefix: str) -> list[Site]:
@@ -135,7 +135,7 @@ def _layer_sites(spec: ModelSpec, prefix: str, names: dict, i: int) -> list[Site
         if (moe and suffix.startswith(ff + ".")) or (spec.is_mla and suffix.startswith("self_attn.")):
             continue
         sites.append(Site(prefix + suffix, *_widths(spec, roles, spec.intermediate_size), roles, "linear"))
-    if moe and spec.model_type in _LINEAR_ROUTER:
+    if moe and spec.model_type in LINEAR_ROUTER:
         sites.append(Site(f"{prefix}{ff}.router", spec.hidden_size, spec.num_experts, ("router",), "linear"))
     if moe and spec.shared_expert_intermediate_size:
         shared = _SHARED_EXPERTS.get(spec.model_type, "shared_expert")

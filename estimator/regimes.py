@@ -94,6 +94,11 @@ def regime(w: Workload) -> Regime:
         from estimator.fp8 import notes
 
         cached = replace(cached, notes=cached.notes + notes(w))
+    if w.method == "full" and w.model.vision_params and not w.train_vision:   # estimator.states.frozen_vision
+        cached = replace(cached, notes=cached.notes + (
+            "vision tower frozen: a text-only batch gives it no gradient and LLaMA-Factory (freeze_vision_tower) "
+            "and ms-swift (freeze_vit) freeze it by default, so it keeps no gradient or optimizer state "
+            "(--train-vision to train it)",))
     object.__setattr__(w, "_regime", cached)
     return cached
 

@@ -54,13 +54,14 @@ class StatesKey(NamedTuple):
     ep: int = 1         # expert parallel: the routed experts split over ep ranks
     fp8_gather: bool = False   # torchao float8 under FSDP2: converted linears all-gathered in fp8 (estimator.fp8)
     dora: bool = False         # DoRA: a trained magnitude vector per adapted linear (`lora_params`)
+    train_vision: bool = False  # a VL model's full fine-tune trains its vision tower (`trained_elements`)
 
 
 def states_key(w: Workload) -> StatesKey:
     """The `StatesKey` of `w` (the one place a Workload becomes one)."""
     return StatesKey(w.model, w.method, w.base_precision, w.optimizer, w.adamw_impl, w.lora_rank, w.lora_targets,
                      w.quant, w.double_quant, w.zero, w.offload, w.tp, w.pp, w.dp, w.training, w.amp,
-                     w.fsdp, regime(w), w.ep, w.fp8 and w.fsdp != "none", w.dora)
+                     w.fsdp, regime(w), w.ep, w.fp8 and w.fsdp != "none", w.dora, w.train_vision)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,25 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
     return _quantized_linear_bytes(key, quantized, rows) + (sizes.total - quantized) * other
 
 
+def frozen_vision(key: StatesKey | Workload) -> int:
+    """Elements of a VL model's vision tower that a full fine-tune leaves frozen: all of them unless
+    --train-vision. Text-only batches give the tower no gradient (torch's optimizers then keep no state
+    for it), and the VL fine-tuning stacks freeze it by default: LLaMA-Factory's `freeze_vision_tower`
+    (hiyouga/LLaMA-Factory src/llamafactory/hparams/finetuning_args.py, default True) and ms-swift's
+    `freeze_vit` (modelscope/ms-swift swift/arguments/tuner_args.py, default True). The HF Trainer
+    alone trains it when images are in the batch (--train-vision; the images' activations are not
+    modelled). profiler/build.py freezes it as this says."""
+    return 0 if (key.method != "full" or key.train_vision) else key.model.vision_params
+
+
+def trained_elements(key: StatesKey | Workload, params: ParamCounts, sizes: Sizes) -> float:
+    """Trained elements on one GPU before ZeRO partitioning: the whole local model in a full
+    fine-tune (but a frozen vision tower), else the adapters."""
+    if key.method == "full":
+        return sizes.total - frozen_vision(key)
+    return lora_params(key, params) / (key.tp * key.pp)
+
+
 @dataclass(frozen=True)
 class Training:
     trainable: float       # trainable elements on this GPU before ZeRO partitioning
@@ -190,7 +210,7 @@ def _training(key: StatesKey, params: ParamCounts, sizes: Sizes) -> Training:
     whatever the base dtype; DeepSpeed's bf16/fp16 section casts them (and an AMP model) to half and
     keeps fp32 masters; accelerate's FSDP2 upcasts what trains to fp32 (estimator.regimes)."""
     rg = key.regime
-    trainable = sizes.total if key.method == "full" else lora_params(key, params) / (key.tp * key.pp)
+    trainable = trained_elements(key, params, sizes)
     param_bytes = rg.trainable_bytes
     return Training(trainable, param_bytes, 4 if rg.deepspeed_half else param_bytes, rg.deepspeed_half)
 
@@ -212,6 +232,9 @@ def _trainable_tensors(key: StatesKey, params: ParamCounts) -> list[tuple[int, i
         out.append((spec.embed_dim, per_norm))
     out += [(elements, 1) for elements in (params.embedding, params.lm_head, params.lm_head_bias, params.positions)
             if elements]
+    if key.train_vision:   # the tower's linears, and the rest of it (patch embedding, norms, biases) as one
+        vision = [(d_in * d_out, n) for _, d_in, d_out, n in spec.vision_linears]
+        out += vision + [(params.vision - sum(e * n for e, n in vision), 1)]
     if params.router:
         out.append((params.router // max(spec.num_moe_layers, 1), max(spec.num_moe_layers, 1)))
     return out
@@ -366,7 +389,8 @@ def _fsdp_model_states(key: StatesKey, params: ParamCounts, sizes: Sizes, traine
     shards = fsdp.fsdp_states(key.model, params, full=key.method == "full", quant=key.quant,
                               double_quant=key.double_quant, adapters=adapters, world=world, tp=key.tp,
                               frozen_bytes=frozen, trainable_bytes=trained.param_bytes, compute_bytes=compute,
-                              reshard_after_forward=key.fsdp != "grad-op", fp8_gather=key.fp8_gather)
+                              reshard_after_forward=key.fsdp != "grad-op", fp8_gather=key.fp8_gather,
+                              train_vision=key.train_vision)
     local = Training(shards.trainable, trained.param_bytes, trained.state_bytes, False)
     spread = world * key.tp
     if key.optimizer == "adafactor":

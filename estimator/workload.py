@@ -12,7 +12,7 @@ from estimator.errors import InputError
 from estimator.limits import check_count, limit
 from estimator.tables import dtype_bytes
 from estimator.model import ModelSpec
-from estimator.lora_targets import matched, targets_from_text
+from estimator.lora_targets import LINEAR_ROUTER, is_all_linear, matched, targets_from_text
 
 METHODS = ("full", "lora", "qlora", "inference")
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8")
@@ -138,6 +138,10 @@ class Workload:
              "(TRL skips it there)", choices=KBIT_PREPS))
     liger: bool = field(default=False, metadata=dict(
         help="Liger Kernel (use_liger_kernel): fused linear cross-entropy (no logits), fused RMSNorm, SwiGLU, RoPE"))
+    train_vision: bool = field(default=False, metadata=dict(
+        help="a vision-language model's full fine-tune trains its vision tower too (gradients and optimizer "
+             "states; its image activations are not modelled). Default: frozen, as LLaMA-Factory "
+             "(freeze_vision_tower) and ms-swift (freeze_vit) leave it and as a text-only batch does"))
     activation_offload: bool = field(default=False, metadata=dict(
         help="offload saved activations to host memory (TRL/torchtune activation_offloading)"))
     loss: str = field(default="hf", metadata=dict(
@@ -221,6 +225,7 @@ class Workload:
         _check_parallel(self)
         _check_experts(self)
         _check_fp8(self)
+        _check_vision(self)
         object.__setattr__(self, "_valid", True)
         return self
 
@@ -235,7 +240,30 @@ def _check_choices(w: Workload) -> None:
     if not w.lora_targets or not all(isinstance(t, str) and t for t in w.lora_targets):
         raise InputError("LoRA targets must be module names, one regular expression or all-linear; got none")
     if w.method in ("lora", "qlora"):
-        matched(w.model, w.lora_targets)   # InputError when no module matches, as peft raises
+        _check_wrappable(w)
+
+
+def _check_vision(w: Workload) -> None:
+    if w.train_vision and not w.model.vision_params:
+        raise InputError(f"--train-vision: {w.model.name} has no vision tower")
+    if w.train_vision and w.method != "full":
+        raise InputError("--train-vision applies to a full fine-tune (with LoRA, --lora-targets decides which "
+                         "vision linears get adapters)")
+
+
+def _check_wrappable(w: Workload) -> None:
+    """peft must match the targets (InputError when nothing matches, as peft raises) and its LoRA
+    layer must be able to run each matched module. Llama-4's router (transformers 5.23
+    Llama4Router) is an nn.Linear whose forward returns (scores, logits): peft 0.21.2 wraps it
+    (all-linear or a pattern reach it), and its lora.Linear.forward then fails on the tuple
+    (`result.dtype`), so the step never runs."""
+    found = matched(w.model, w.lora_targets)
+    if any(s.kind == "linear" and "router" in s.roles for s in found) and w.model.model_type in LINEAR_ROUTER:
+        named = "all-linear" if is_all_linear(w.lora_targets) else ",".join(w.lora_targets)
+        raise InputError(f"LoRA targets {named} reach {w.model.model_type}'s router "
+                         "(Llama4Router, an nn.Linear returning (scores, logits)), whose peft LoRA layer fails on "
+                         "the tuple at the first forward: leave it out with a pattern, e.g. "
+                         "--lora-targets '.*\\.(q|k|v|o|gate|up|down)_proj'")
 
 
 def _check_sizes(w: Workload) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from estimator.lora_targets import is_all_linear, is_pattern
 from estimator.regimes import LIGER_PATCHED_TYPES, regime
+from estimator.states import frozen_vision
 from estimator.workload import BNB_QUANTS, Workload
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -146,6 +147,9 @@ def check_packages(w: Workload) -> None:
     if w.quant == "mxfp4":
         raise MissingPackage("the profiler does not build quant mxfp4 (GPT-OSS's packed experts run by the "
                              "`kernels` package's triton matmul_ogs) yet (estimator only)")
+    if w.train_vision:   # token ids only: a trained vision tower would get no gradient, as if frozen
+        raise MissingPackage("the profiler does not build train_vision True (it feeds token ids, no images, so "
+                             "the vision tower would get no gradient) yet (estimator only)")
     if w.compiled and w.training:   # the profiler never calls torch.compile
         raise MissingPackage("the profiler does not build compiled True (torch.compile of the training step) "
                              "yet (estimator only)")
@@ -225,10 +229,20 @@ def build_model(cfg: dict, w: Workload, device: str):
         model = _add_lora(model, w)
     elif w.method == "full":
         model.requires_grad_(True)
+        if frozen_vision(w):   # a VL model's vision tower stays frozen (estimator.states.frozen_vision)
+            _vision_tower(model).requires_grad_(False)
     else:
         model.requires_grad_(False)
     model.train(w.training)
     return model
+
+
+def _vision_tower(model):
+    """The vision tower and merger(s) of a transformers 5 VL model (Qwen2.5-VL, Qwen3-VL: model.visual)."""
+    tower = getattr(getattr(model, "model", None), "visual", None)
+    if tower is None:
+        raise ValueError(f"no vision tower (model.visual) in {type(model).__name__}")
+    return tower
 
 
 def _convert_to_float8(model) -> None:

@@ -30,7 +30,8 @@ from estimator.workload import (ADAMW_IMPLS, ATTENTIONS, METHODS, OFFLOADS, OPTI
 ROOT = Path(__file__).resolve().parents[1]
 GPU = "h100-80gb"
 MODELS = ("llama-3.1-8b", "qwen1.5-moe-a2.7b", "gemma-2-2b", "gemma-3-1b", "gpt2", "phi-2", "falcon-7b",
-          "opt-350m", "qwen3-0.6b", "bloomz-7b1", "gpt-oss-20b")   # gpt-oss: MXFP4
+          "opt-350m", "qwen3-0.6b", "bloomz-7b1", "gpt-oss-20b",   # gpt-oss: MXFP4
+          "qwen2.5-vl-7b")                                          # a vision tower (--train-vision)
 CHOICES = {
     "method": METHODS, "precision": PRECISIONS, "optimizer": OPTIMIZERS, "adamw_impl": ADAMW_IMPLS,
     "batch": (1, 2, 8), "seq": (64, 512, 4096), "new_tokens": (0, 16, 256), "grad_accum": (1, 4),
@@ -39,7 +40,7 @@ CHOICES = {
     "grad_ckpt": (False, True), "attn": ATTENTIONS, "quant": QUANTS, "double_quant": (True, False),
     "gpus": (1, 2, 8), "nodes": (1, 2), "zero": ZERO_STAGES, "offload": OFFLOADS, "tp": (1, 2), "pp": (1, 2), "ep": (1, 2),
     "fsdp": FSDP_MODES, "kbit_prep": KBIT_PREPS, "liger": (False, True), "activation_offload": (False, True),
-    "compiled": (False, True), "loss": LOSSES, "lora_dropout": (False, True), "padding_mask": (False, True), "trainable_dtype": TRAINABLE_DTYPES,
+    "compiled": (False, True), "train_vision": (False, True), "loss": LOSSES, "lora_dropout": (False, True), "padding_mask": (False, True), "trainable_dtype": TRAINABLE_DTYPES,
 }
 # A table with every factor, so the calibrated path (and its caches) is in the answers too.
 TABLE = {"schema": SCHEMA, "gpu": GPU, "factors": {
@@ -71,7 +72,9 @@ def grid(bases: int = 60, seed: int = 17) -> list[Workload]:
     # one fixed expert-parallel base (MoE, 2 GPUs, no ZeRO/FSDP): random bases rarely admit --ep 2
     fixed = [Workload(model=specs[MODELS.index("qwen1.5-moe-a2.7b")], gpus=2, ep=2),
              # and GPT-OSS served with its MXFP4 experts (inference, eager): random bases never are
-             Workload(model=specs[MODELS.index("gpt-oss-20b")], method="inference", attn="eager", quant="mxfp4")]
+             Workload(model=specs[MODELS.index("gpt-oss-20b")], method="inference", attn="eager", quant="mxfp4"),
+             # and a VL model's full fine-tune training its vision tower
+             Workload(model=specs[MODELS.index("qwen2.5-vl-7b")], method="full", train_vision=True)]
     while made < bases:
         base = fixed.pop() if fixed else Workload(**{name: rng.choice(values) for name, values in choices.items()})
         if not _valid(base):

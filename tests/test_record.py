@@ -37,10 +37,13 @@ STACK = {"method": "qlora", "quant": "nf4", "fsdp": "hybrid", "gpus": 2, "nodes"
 # expert parallel needs a MoE model (Qwen1.5-MoE: 60 experts)
 EXPERT = {"ep": 2, "gpus": 2, "trainable_dtype": "model"}
 MOE = str(ROOT / "estimator" / "catalog" / "Qwen--Qwen1.5-MoE-A2.7B.json")
+# a trained vision tower needs a vision-language model
+VISION = {"train_vision": True}
+VL = str(ROOT / "estimator" / "catalog" / "Qwen--Qwen2.5-VL-7B-Instruct.json")
 
 
 def test_every_field_case_covers_every_workload_column():
-    assert set(EVERY_FIELD) | set(INFERENCE) | set(STACK) | set(EXPERT) == set(WORKLOAD_COLUMNS)
+    assert set(EVERY_FIELD) | set(INFERENCE) | set(STACK) | set(EXPERT) | set(VISION) == set(WORKLOAD_COLUMNS)
 
 
 # ---- lora_targets ------------------------------------------------------------------------------
@@ -169,9 +172,11 @@ def test_parse_value_refuses_text_of_another_type(name, text):
 
 # ---- row -> Workload -> row --------------------------------------------------------------------
 
-@pytest.mark.parametrize("settings", [EVERY_FIELD, INFERENCE, STACK, EXPERT], ids=["training", "inference", "stack", "ep"])
+@pytest.mark.parametrize("settings", [EVERY_FIELD, INFERENCE, STACK, EXPERT, VISION],
+                         ids=["training", "inference", "stack", "ep", "vision"])
 def test_row_workload_row_round_trip_keeps_every_workload_column(settings):
-    case = Case(MOE if settings is EXPERT else TINY, settings, warmup=1, steps=4)
+    model = {id(EXPERT): MOE, id(VISION): VL}.get(id(settings), TINY)
+    case = Case(model, settings, warmup=1, steps=4)
     row = new_row(case, "cuda", status="ok", message="")
     as_csv = {k: "" if v is None else str(v) for k, v in row.items()}
     for source in (row, as_csv):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from estimator.lora_targets import is_all_linear
+from estimator.lora_targets import LINEAR_ROUTER, is_all_linear
 from estimator.memory import estimate_memory, saved_activation_bytes
 from profiler.case import Case
 from profiler.trace.layers import first_layers
@@ -310,6 +310,7 @@ def summary(errors: list[float]) -> dict:
 # ---- the catalog's own configs, two layers deep ---------------------------------------------------
 CATALOG_SETTINGS = dict(batch=2, seq=512)
 CATALOG_METHODS = ("full", "lora")   # LoRA on all linears
+CATALOG_PROJECTIONS = (r".*\.(q|k|v|o|gate|up|down)_proj",)   # every projection (a pattern: not all-linear)
 
 
 def catalog_cases() -> list[tuple[str, str]]:
@@ -341,9 +342,12 @@ def compare_catalog(name: str, method: str, layers: int = 2):
         cfg["text_config"] = first_layers(cfg["text_config"], layers)
     else:
         cfg = first_layers(cfg, layers)
-    extra = dict(lora_targets=("all-linear",)) if method == "lora" else {}
     try:
         spec = spec_from_config(cfg, f"{name.removesuffix('.json')} ({layers} layers)")
+        # LoRA on all linears; where all-linear reaches a router peft cannot run (Llama-4,
+        # estimator.workload `_check_wrappable`), on every projection instead
+        targets = CATALOG_PROJECTIONS if spec.model_type in LINEAR_ROUTER else ("all-linear",)
+        extra = dict(lora_targets=targets) if method == "lora" else {}
         w = Workload(spec, method=method, attn=loaded_attn(spec.model_type), **extra, **CATALOG_SETTINGS).validate()
         traced = trace(w, cfg, layers=layers)
     except Exception as exc:  # noqa: BLE001 - a refusal or a config that does not cut to two layers: a line
