@@ -41,6 +41,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from estimator import dora
+from estimator.fp8 import TE_SAVED_INPUT_BYTES, te_head_converted
 from estimator.lora_targets import expert_targets, trained_roles
 from estimator.model import ModelSpec
 from estimator.regimes import liger_fuses_loss, regime
@@ -125,6 +126,7 @@ class ActivationKey(NamedTuple):
     expert_adapters: tuple = ()
     padding_mask: bool = False  # a padded batch's attention mask reaches the model (Workload.padding_mask)
     lora_dropout: bool = False  # peft's lora_dropout > 0: each adapter drops out its own copy of its input
+    te: bool = False            # fp8 through Transformer Engine: each te.Linear saves its own fp8 input (estimator.fp8)
 
 
 def activation_key(w: Workload) -> ActivationKey:
@@ -142,7 +144,7 @@ def activation_key(w: Workload) -> ActivationKey:
     return ActivationKey(w.model, w.method, precision, w.attn, roles, w.lora_rank, w.quant,
                          w.grad_ckpt, w.seq, w.training, precision.startswith("amp-"),
                          rg.activation_kbit, rg.adapter_compute_bytes, rg.liger, adapters, w.loss, dora_outs,
-                         experts, w.padding_mask, w.lora_dropout and w.method in ("lora", "qlora"))
+                         experts, w.padding_mask, w.lora_dropout and w.method in ("lora", "qlora"), w.te_fp8)
 
 
 def dora_dtypes(key: ActivationKey) -> dora.DoraDtypes:
@@ -199,6 +201,8 @@ def _input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int, saved: boo
     if readers == 0:
         return 0
     if key.method == "full":
+        if key.te and (roles != ("lm_head",) or te_head_converted(key.model)):
+            return readers * TE_SAVED_INPUT_BYTES   # each te.Linear's column-wise fp8 copy (estimator.fp8)
         if dt.autocast and x_bytes != dt.compute:
             return readers * dt.compute       # each linear saves its own autocast cast
         return 0 if saved else x_bytes       # the tensor itself, once

@@ -173,7 +173,7 @@ def _gemm_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, trainin
     head_tokens = tokens if training else w.batch       # generate takes logits of the last position
     expert_tokens = tokens * spec.experts_per_token / spec.num_experts if spec.num_experts else 0.0
     fp8_work = 0.0
-    if w.fp8:   # torchao Float8Linear: the converted linears' three GEMMs at the fp8 peak (estimator.fp8)
+    if w.fp8:   # Float8Linear / te.Linear: the converted linears' three GEMMs at the fp8 peak (estimator.fp8)
         converted = fp8.converted_weights(spec, p)
         dense -= converted
         peak8 = gpu.peak_flops("fp8")
@@ -182,6 +182,8 @@ def _gemm_s(w: Workload, gpu: tables.GpuSpec, hfu: float, tokens: float, trainin
     work = (2.0 * dense * tokens * slow(tokens, d, d) + fp8_work
             + 2.0 * active_experts * tokens * slow(expert_tokens, d, spec.moe_intermediate_size or d))
     head_work = 2.0 * head * head_tokens * slow(head_tokens, spec.embed_dim, spec.vocab_size)
+    if w.te_fp8 and fp8.te_head_converted(spec):   # Transformer Engine converts the lm_head too
+        head_work *= peak / gpu.peak_flops("fp8")
     if training:
         trained, frozen = gemm_passes(w)
         layer_passes = trained if w.method == "full" else frozen
@@ -284,6 +286,8 @@ def fp8_cast_bytes(w: Workload, tokens: float) -> float:
     cast; estimator.fp8.cast_bytes per element cast, eager or fused by torch.compile)."""
     if not (w.fp8 and w.training):
         return 0.0
+    if w.te_fp8:   # Transformer Engine: fused cast-transposes (estimator.fp8)
+        return fp8.TE_CAST_TRAFFIC_BYTES * fp8.te_cast_elements(w.model, tokens)
     weight_casts = None
     if w.fsdp != "none":   # float8 all-gather: each rank casts its shard once per gather
         weight_casts = (1.0 if w.fsdp == "grad-op" else 2.0) / regime(w).fsdp_shard

@@ -37,7 +37,34 @@ float8_training_tensor.py, float8_utils.py) and huggingface/accelerate 16cb6eb8
   `matmul_with_hp_or_float8_args` casts no weight). Modelled under `--fsdp`: the converted linears'
   gathered copies and all-gather traffic at 1 B per element, no weight cast in the workspace, one
   shard cast per gather.
-- Transformer Engine (delayed scaling with an amax history per tensor, te.Linear) is not modelled.
+
+Transformer Engine (`--fp8-backend te`): accelerate (huggingface/accelerate 16cb6eb8) with
+mixed_precision="fp8" and the TE backend (accelerator.py: it picks torchao first when both are
+installed) runs `convert_model` (utils/transformer_engine.py) before training: every nn.Linear whose
+weight dims are multiples of 16 becomes a te.Linear, the lm_head included, and each gets a *new*
+weight the old one is copied into, so a tied lm_head comes out untied (its own weight and gradient;
+the optimizer, remapped by the old parameter names, never holds it); the step runs under
+fp8_autocast with TERecipeKwargs' DelayedScaling (HYBRID, amax_history_len 1024). Read in
+NVIDIA/TransformerEngine d0067d0d (pytorch/module/linear.py `_linear_forward`, `Linear.forward`;
+tensor/float8_tensor.py; quantization.py `DelayedScalingRecipeState`; cpp_extensions/gemm.py):
+- te.Linear casts its input to fp8 row-wise and column-wise, runs the GEMM, then keeps only the
+  column-wise data for the weight gradient (`update_usage(rowwise_usage=False)`): it saves 1 B per
+  input element of its own, whether or not another op saves that input (q, k and v: three copies);
+- it casts its weight on every forward (`cache_name` is None: HF never passes is_first_microbatch),
+  row-wise and column-wise, and saves that copy for the input gradient: on Hopper and Ada, which
+  have no non-TN fp8 GEMM (`is_non_tn_fp8_gemm_supported`), the column-wise data is a transposed
+  copy, so 2 B per weight element live from the linear's forward to its backward, every layer's at
+  the backward's start (Blackwell keeps one buffer for both, 1 B: the estimate is over there);
+- forward transient: the input's row-wise data (1 B per element) until the GEMM is done; backward:
+  grad_output cast row- and column-wise (2 B per element) beside the bf16 input gradient;
+- DelayedScaling's state per te.Linear: an fp32 amax history of 1024 rows x 3 forward quantizers
+  (input, weight, output) and x 2 backward ones (grad_output, grad_input), and a scale each;
+- one cuBLAS workspace of its own (`get_cublas_workspace`): 32 MiB + 1 KiB from compute capability
+  9, 4 MiB below.
+Modelled for a full fine-tune of a dense model whose decoder linears all convert (convert_model
+stops converting a module's remaining children at the first nn.Linear it cannot), without
+checkpointing (torch's checkpoint recomputes te.Linear outside accelerate's fp8_autocast), ZeRO,
+FSDP, activation offloading, Liger or torch.compile: the rest is refused in one line.
 """
 
 from __future__ import annotations
@@ -55,6 +82,14 @@ CAST_PEAK_BYTES_COMPILED = 1
 CAST_TRAFFIC_BYTES_COMPILED = 5
 FP8_ALIGN = 16            # torch._scaled_mm: both dims multiples of 16 (torchao/accelerate filters)
 _CONV1D = ("gpt2",)       # transformers' Conv1D, not nn.Linear: convert_to_float8_training skips it
+# Transformer Engine (module docstring)
+TE_SAVED_INPUT_BYTES = 1      # the column-wise fp8 copy of a te.Linear's input, saved for the weight gradient
+TE_WEIGHT_COPY_BYTES = 2      # row-wise + transposed column-wise fp8 weight, saved for the input gradient
+TE_GRAD_OUTPUT_BYTES = 2      # grad_output cast row- and column-wise in the backward
+TE_AMAX_HISTORY = 1024        # accelerate TERecipeKwargs amax_history_len default
+TE_QUANTIZERS = 5             # 3 forward (input, weight, output) + 2 backward (grad_output, grad_input)
+TE_CAST_TRAFFIC_BYTES = 4     # a fused cast-transpose: reads 2 B, writes 1 B row-wise and 1 B column-wise
+TE_CUBLAS_WORKSPACE_BYTES = (32 * 2**20 + 1024, 4 * 2**20)   # (compute capability >= 9, below)
 
 
 def converted(lin: Linear) -> bool:
@@ -120,6 +155,79 @@ def cast_elements(spec: ModelSpec, tokens: float, recompute: bool, weight_casts:
     return total
 
 
+def te_head_converted(spec: ModelSpec) -> bool:
+    """Whether accelerate's convert_model makes the lm_head a te.Linear (dims multiples of 16)."""
+    return spec.vocab_size % FP8_ALIGN == 0 and spec.hidden_size % FP8_ALIGN == 0
+
+
+def te_modules(spec: ModelSpec, params: ParamCounts | None = None) -> tuple[tuple[int, int, int], ...]:
+    """(in, out, count) of every te.Linear of the model: the decoder linears and the lm_head."""
+    out = tuple((lin.d_in, lin.d_out, lin.count) for lin in converted_linears(spec, params))
+    if te_head_converted(spec):
+        out += ((spec.hidden_size, spec.vocab_size, 1),)
+    return out
+
+
+def te_weights(spec: ModelSpec, params: ParamCounts | None = None) -> int:
+    """Weight elements of the te.Linear modules (decoder linears and lm_head)."""
+    return sum(d_in * d_out * n for d_in, d_out, n in te_modules(spec, params))
+
+
+def te_scaling_state_bytes(spec: ModelSpec) -> int:
+    """DelayedScaling's per-module state: fp32 amax history and scale of each quantizer (bytes)."""
+    modules = sum(n for _, _, n in te_modules(spec))
+    return modules * 4 * TE_QUANTIZERS * (TE_AMAX_HISTORY + 1)
+
+
+def te_untied_head_elements(spec: ModelSpec) -> int:
+    """Elements of the lm_head weight convert_model unties from a tied embedding (0 when untied
+    already or not converted): a second bf16 weight, with its own gradient."""
+    return spec.vocab_size * spec.hidden_size if spec.tied_embeddings and te_head_converted(spec) else 0
+
+
+def te_cublas_workspace_bytes(compute_capability_major: int) -> int:
+    """Transformer Engine's own cuBLAS workspace (cpp_extensions/gemm.py)."""
+    return TE_CUBLAS_WORKSPACE_BYTES[0 if compute_capability_major >= 9 else 1]
+
+
+def te_workspace_bytes(spec: ModelSpec, tokens: float) -> float:
+    """The largest transient of one decoder te.Linear beyond the bf16 stack's (bytes): its input's
+    row-wise fp8 data in the forward GEMM, or grad_output's row- and column-wise casts in the
+    backward (the lm_head's: `te_head_grad_cast_bytes`, at its own backward)."""
+    return max((max(tokens * lin.d_in, TE_GRAD_OUTPUT_BYTES * tokens * lin.d_out) for lin in converted_linears(spec)),
+               default=0.0)
+
+
+def te_head_grad_cast_bytes(spec: ModelSpec, tokens: float) -> float:
+    """The lm_head te.Linear's backward: the logits' gradient cast row- and column-wise (bytes)."""
+    return TE_GRAD_OUTPUT_BYTES * tokens * spec.vocab_size if te_head_converted(spec) else 0.0
+
+
+def te_cast_elements(spec: ModelSpec, tokens: float) -> float:
+    """Elements cast to fp8 in one micro-batch (each cast fused with its transpose): every
+    te.Linear's input and weight in the forward, its grad_output in the backward."""
+    return sum((tokens * d_in + d_in * d_out + tokens * d_out) * n for d_in, d_out, n in te_modules(spec))
+
+
+def _te_refusal(w) -> str:
+    spec = w.model
+    if spec.is_moe:
+        return ("--fp8-backend te on a MoE model is not modelled: convert_model converts nn.Linear only, and "
+                "transformers 5's fused experts run bf16 beside the fp8 linears; use --fp8-backend torchao")
+    params = count_params(spec)
+    if spec.model_type in _CONV1D or len(converted_linears(spec, params)) < len(params.linears):
+        return (f"--fp8-backend te: {spec.name} has decoder linears convert_model cannot convert (Conv1D, or dims "
+                "not multiples of 16, where it stops converting their module's other linears): not modelled")
+    for flag, why in ((w.grad_ckpt, "--grad-ckpt (torch's checkpoint recomputes te.Linear outside accelerate's "
+                                    "fp8_autocast; TE's own checkpoint is another stack)"),
+                      (w.zero or w.fsdp != "none", "ZeRO or FSDP (TE re-quantizes gathered weights its own way)"),
+                      (w.activation_offload, "--activation-offload"), (w.liger, "--liger"),
+                      (w.compiled, "--compiled")):
+        if flag:
+            return f"--fp8-backend te with {why} is not modelled: drop it or use --fp8-backend torchao"
+    return ""
+
+
 def refusal(w) -> str:
     """One line saying why `w` cannot be an fp8 training estimate, or "" when it can."""
     if w.method == "inference":
@@ -133,6 +241,8 @@ def refusal(w) -> str:
     if w.tp > 1:
         return ("--precision fp8 with --tp is not modelled (torchao float8 tensor parallel needs torchtitan's "
                 "Float8 parallel plans): use --tp 1")
+    if w.fp8_backend == "te":
+        return _te_refusal(w)
     if not converted_linears(w.model):
         return (f"--precision fp8: {w.model.name} has no nn.Linear with dims divisible by 16 for torchao to "
                 "convert (GPT-2's Conv1D is not nn.Linear): use --precision bf16")
@@ -150,6 +260,16 @@ def gpu_refusal(gpu) -> str:
 def notes(w) -> tuple[str, ...]:
     """The regime lines fp8 adds."""
     n = len(converted_linears(w.model))
+    if w.fp8_backend == "te":
+        lines = [f"fp8 (Transformer Engine through accelerate: te.Linear under fp8_autocast, delayed scaling, amax "
+                 f"history {TE_AMAX_HISTORY}): {n} linear shapes of the decoder layers"
+                 + (" and the lm_head" if te_head_converted(w.model) else "") + " run fp8 GEMMs; each te.Linear "
+                 "saves a 1-byte copy of its input and a 2-byte fp8 copy of its weight (row-wise + transposed, "
+                 "Hopper/Ada) to its backward; weights, gradients and optimizer states are the bf16 stack's"]
+        if te_untied_head_elements(w.model):
+            lines.append("fp8 with Transformer Engine unties the lm_head (convert_model copies it into a new te.Linear): "
+                         "a second bf16 weight and its gradient, outside the optimizer")
+        return tuple(lines)
     mode = "torch.compile fusing the casts" if w.compiled else "eager casts; --compiled for torch.compile"
     lines = [f"fp8 (torchao float8 training, tensorwise dynamic scaling, {mode}): {n} linear shapes of the decoder "
              "layers run fp8 GEMMs; lm_head, attention, norms and experts stay bf16; weights, gradients and "

@@ -309,7 +309,7 @@ def _weight_casts(w: Workload, params: ParamCounts, sizes: Sizes, saved: bool) -
     Liger's fused loss casts the lm_head per chunk and saves none of it (`_liger_loss_bytes`).
     """
     key = _activation_key(w)   # the precision after the stack's casts (FSDP, DeepSpeed: no autocast casts)
-    if not (key.amp or (w.training and key.kbit_prep)):
+    if not (key.amp or (w.training and key.kbit_prep) or key.te):
         return 0.0
     head = _head_cast(w, sizes) / 2
     if act.liger_fused_loss(key) and saved:   # Liger's loss casts the lm_head inside its fused function, saves none
@@ -325,8 +325,11 @@ def _layer_casts(w: Workload, sizes: Sizes) -> float:
     """The decoder layers' half-precision weight casts under autocast (bytes per GPU; 0 without
     autocast): every linear's but the quantized ones (a QLoRA base) and the grouped experts', and
     Llama-4's expert parameters, which its torch.bmm casts (bitsandbytes leaves them unquantized:
-    it replaces nn.Linear only; kbit preparation makes them fp32)."""
+    it replaces nn.Linear only; kbit preparation makes them fp32). Transformer Engine: every
+    te.Linear's fp8 weight copy, saved from its forward to its backward (estimator.fp8)."""
     key = _activation_key(w)
+    if key.te:
+        return fp8.TE_WEIGHT_COPY_BYTES * (sizes.linear_w - sizes.expert_w)
     if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
     experts = sizes.expert_w if act.dense_experts(key.model) else 0.0
@@ -335,8 +338,12 @@ def _layer_casts(w: Workload, sizes: Sizes) -> float:
 
 
 def _head_cast(w: Workload, sizes: Sizes) -> float:
-    """The lm_head's half-precision autocast cast (bytes; 0 without autocast)."""
+    """The lm_head's half-precision autocast cast (bytes; 0 without autocast); Transformer Engine:
+    its te.Linear's fp8 weight copy."""
     key = _activation_key(w)
+    if key.te:
+        head = (sizes.head if sizes.head else sizes.embed) if fp8.te_head_converted(w.model) else 0.0
+        return fp8.TE_WEIGHT_COPY_BYTES * head
     if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
     return 2 * (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
@@ -402,7 +409,9 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
     if w.method == "full":
         # FSDP: the unsharded lm_head gradient is counted with its reduce-scatter buffers (zero_buffers)
         head_grad = 0.0 if w.fsdp != "none" else _head_grad_bytes(sizes, trained)
-        moments.append((acts + casts_bwd + _output_layer_backward(w, sizes, trained), casts_bwd))
+        # Transformer Engine's lm_head casts the logits' gradient row- and column-wise (estimator.fp8)
+        head_cast = fp8.te_head_grad_cast_bytes(w.model, tokens) / w.tp if w.te_fp8 else 0.0
+        moments.append((acts + casts_bwd + _output_layer_backward(w, sizes, trained) + head_cast, casts_bwd))
     key = _activation_key(w)
     below = acts - per_token.outside * tokens        # the layers' saved tensors
     kept = act.logits_kept_per_token(key) * tokens   # logits a loop keeps to the end
@@ -509,6 +518,8 @@ def fp8_workspace(w: Workload) -> float:
     Reported as `quant_workspace_bytes` when that moment sets the forward/backward peak."""
     if not (w.fp8 and w.training):
         return 0.0
+    if w.te_fp8:
+        return fp8.te_workspace_bytes(w.model, w.batch * w.seq)
     return fp8.workspace_bytes(w.model, w.batch * w.seq, w.compiled, weight_cast=w.fsdp == "none")
 
 
@@ -647,7 +658,9 @@ def blas_workspace_bytes(w: Workload, compute_capability_major: int) -> int:
     The size per workspace is estimator/data/overheads.csv's for the GPU's compute capability."""
     large = compute_capability_major in _LARGE_BLAS_WORKSPACE_MAJORS
     size = int(overhead("cublas_workspace_bytes_large" if large else "cublas_workspace_bytes_default"))
-    return size * (2 if w.training else 1)
+    # Transformer Engine takes one of its own for its GEMMs (estimator.fp8)
+    own = fp8.te_cublas_workspace_bytes(compute_capability_major) if w.te_fp8 and w.training else 0
+    return size * (2 if w.training else 1) + own
 
 
 def _decode_transient(w: Workload) -> float:
@@ -733,22 +746,28 @@ def components(w: Workload) -> Components:
             kv_growth=_decode_transient(w), kv_generated=kv - prompt_kv)
     per_token = _per_token(_activation_key(w))
     forward_backward = _forward_backward(w, per_token, params, sizes, trained)
+    weights, gradients = states.weights, states.gradients
+    if w.te_fp8:
+        # Transformer Engine (estimator.fp8): each te.Linear's scaling state, and a tied lm_head
+        # untied by convert_model: a second bf16 weight and its gradient
+        untied = 2 * fp8.te_untied_head_elements(spec)
+        weights, gradients = weights + untied + fp8.te_scaling_state_bytes(spec), gradients + untied
     acts, casts = forward_backward.activations, forward_backward.casts
     # fp8 and bitsandbytes never go together; the casts' moment has freed the lm_head input and final
     # norm, so the components add up to that moment: the casts less what was freed, at most
     quant_workspace += min(forward_backward.fp8_casts, max(0.0, forward_backward.total - acts - casts))
     logits = max(0.0, forward_backward.total - acts - casts - quant_workspace)
-    accumulated = states.gradients + _fsdp_unsharded_grads(w, trained) if w.grad_accum > 1 else 0.0
+    accumulated = gradients + _fsdp_unsharded_grads(w, trained) if w.grad_accum > 1 else 0.0
     fwd_bwd = acts + logits + casts + quant_workspace + accumulated
     # once the gradients are (nearly) complete: the optimizer's temporaries, or the end of the
     # backward when that is larger and sets the peak (see the module docstring)
     late = max(temps, _end_of_backward(w, sizes, trained),
                _bottom_layer_backward(w, per_token, params, sizes, trained),
                _dora_bottom_layer(w, per_token, sizes, trained))
-    if states.gradients + late > fwd_bwd:
+    if gradients + late > fwd_bwd:
         temps = late
     return Components(
-        training=True, multi_gpu=w.world_size > 1, weights=states.weights, gradients=states.gradients,
+        training=True, multi_gpu=w.world_size > 1, weights=weights, gradients=gradients,
         optimizer_states=states.optimizer, master_weights=states.master, zero_buffers=states.zero_buffers,
         paged_optimizer=states.paged, host=states.host + forward_backward.offloaded, activations=acts,
         logits_and_loss=logits,

@@ -16,6 +16,7 @@ from estimator.lora_targets import LINEAR_ROUTER, is_all_linear, matched, target
 
 METHODS = ("full", "lora", "qlora", "inference")
 PRECISIONS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8")
+FP8_BACKENDS = ("torchao", "te")   # accelerate's AO and TE fp8 backends (estimator.fp8)
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor")
 ADAMW_IMPLS = ("fused", "foreach", "single")
 ATTENTIONS = ("eager", "sdpa", "flash")
@@ -84,7 +85,7 @@ class Workload:
         help="config.json path (or its folder), catalog name (llama-3.1-8b) or Hub id", metavar="MODEL"))
     method: str = field(default="full", metadata=dict(help="what the job does", choices=METHODS))
     precision: str = field(default="bf16", metadata=dict(
-        help="weights and compute dtype (amp-*: fp32 weights under autocast; fp8: torchao float8 training, "
+        help="weights and compute dtype (amp-*: fp32 weights under autocast; fp8: float8 training (--fp8-backend), "
              "bf16 weights and states with the decoder linears' GEMMs in fp8, full fine-tune on fp8 GPUs)",
         choices=PRECISIONS))
     optimizer: str = field(default="adamw", metadata=dict(help="optimizer", choices=OPTIMIZERS))
@@ -125,6 +126,10 @@ class Workload:
         help="expert parallel degree (MoE): each GPU holds num_experts / N routed experts of every MoE layer "
              "(their weights, gradients and optimizer states); N divides the experts and the GPUs",
         metavar="N"))
+    fp8_backend: str = field(default="torchao", metadata=dict(
+        help="the library --precision fp8 trains with: torchao (float8 training, accelerate's first choice) or "
+             "te (Transformer Engine: accelerate's convert_model to te.Linear under fp8_autocast, delayed scaling)",
+        choices=FP8_BACKENDS))
     compiled: bool = field(default=False, metadata=dict(
         help="inference: static KV cache + torch.compile (gpt-fast/torchao style) instead of eager generate; "
              "fp8 training: torch.compile fuses torchao's fp8 casts (the rest of the step as eager)"))
@@ -183,6 +188,11 @@ class Workload:
         return self.precision == "fp8"
 
     @property
+    def te_fp8(self) -> bool:
+        """fp8 training through Transformer Engine (--fp8-backend te; estimator.fp8)."""
+        return self.precision == "fp8" and self.fp8_backend == "te"
+
+    @property
     def base_precision(self) -> str:
         """The precision of everything but the converted linears' GEMMs: fp8 training keeps the
         bf16 stack's weights, gradients, optimizer states and activations (estimator.fp8)."""
@@ -234,7 +244,8 @@ def _check_choices(w: Workload) -> None:
     for name, allowed in (("method", METHODS), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                           ("adamw_impl", ADAMW_IMPLS), ("attn", ATTENTIONS), ("quant", QUANTS),
                           ("offload", OFFLOADS), ("zero", ZERO_STAGES), ("fsdp", FSDP_MODES),
-                          ("kbit_prep", KBIT_PREPS), ("loss", LOSSES), ("trainable_dtype", TRAINABLE_DTYPES)):
+                          ("kbit_prep", KBIT_PREPS), ("loss", LOSSES), ("trainable_dtype", TRAINABLE_DTYPES),
+                          ("fp8_backend", FP8_BACKENDS)):
         if getattr(w, name) not in allowed:
             raise InputError(f"{name} must be one of {', '.join(map(str, allowed))}; got {getattr(w, name)!r}")
     if not w.lora_targets or not all(isinstance(t, str) and t for t in w.lora_targets):
@@ -397,6 +408,8 @@ def _check_fp8(w: Workload) -> None:
     """fp8 is torchao float8 *training* of full-precision nn.Linear weights (estimator.fp8 says what
     each library supports); anything else is refused in one line."""
     if not w.fp8:
+        if w.fp8_backend != "torchao":
+            raise InputError(f"--fp8-backend {w.fp8_backend} applies to --precision fp8")
         return
     from estimator.fp8 import refusal
 

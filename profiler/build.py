@@ -147,6 +147,8 @@ def check_packages(w: Workload) -> None:
     if w.quant == "mxfp4":
         raise MissingPackage("the profiler does not build quant mxfp4 (GPT-OSS's packed experts run by the "
                              "`kernels` package's triton matmul_ogs) yet (estimator only)")
+    if w.te_fp8:   # Transformer Engine needs CUDA and its own build; the profiler converts with torchao only
+        raise MissingPackage("the profiler does not build fp8_backend te (Transformer Engine) yet (estimator only)")
     if w.train_vision:   # token ids only: a trained vision tower would get no gradient, as if frozen
         raise MissingPackage("the profiler does not build train_vision True (it feeds token ids, no images, so "
                              "the vision tower would get no gradient) yet (estimator only)")

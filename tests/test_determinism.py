@@ -40,7 +40,7 @@ CHOICES = {
     "grad_ckpt": (False, True), "attn": ATTENTIONS, "quant": QUANTS, "double_quant": (True, False),
     "gpus": (1, 2, 8), "nodes": (1, 2), "zero": ZERO_STAGES, "offload": OFFLOADS, "tp": (1, 2), "pp": (1, 2), "ep": (1, 2),
     "fsdp": FSDP_MODES, "kbit_prep": KBIT_PREPS, "liger": (False, True), "activation_offload": (False, True),
-    "compiled": (False, True), "train_vision": (False, True), "loss": LOSSES, "lora_dropout": (False, True), "padding_mask": (False, True), "trainable_dtype": TRAINABLE_DTYPES,
+    "compiled": (False, True), "train_vision": (False, True), "fp8_backend": ("torchao", "te"), "loss": LOSSES, "lora_dropout": (False, True), "padding_mask": (False, True), "trainable_dtype": TRAINABLE_DTYPES,
 }
 # A table with every factor, so the calibrated path (and its caches) is in the answers too.
 TABLE = {"schema": SCHEMA, "gpu": GPU, "factors": {
@@ -74,7 +74,9 @@ def grid(bases: int = 60, seed: int = 17) -> list[Workload]:
              # and GPT-OSS served with its MXFP4 experts (inference, eager): random bases never are
              Workload(model=specs[MODELS.index("gpt-oss-20b")], method="inference", attn="eager", quant="mxfp4"),
              # and a VL model's full fine-tune training its vision tower
-             Workload(model=specs[MODELS.index("qwen2.5-vl-7b")], method="full", train_vision=True)]
+             Workload(model=specs[MODELS.index("qwen2.5-vl-7b")], method="full", train_vision=True),
+             # and fp8 through Transformer Engine (full fine-tune, no checkpointing, one GPU)
+             Workload(model=specs[MODELS.index("llama-3.1-8b")], method="full", precision="fp8", fp8_backend="te")]
     while made < bases:
         base = fixed.pop() if fixed else Workload(**{name: rng.choice(values) for name, values in choices.items()})
         if not _valid(base):

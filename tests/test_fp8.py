@@ -260,3 +260,106 @@ def test_the_tracer_traces_fp8_as_torchao_runs_it():
         traced = trace(case)
         assert abs(estimate_memory(w, 0.0, 0).peak_allocated_bytes / traced.peak_allocated_bytes - 1) < 0.005
         assert abs(saved_activation_bytes(w) / traced.saved_activations_bytes - 1) < 0.005
+
+
+# ---------------------------------------------------------------- Transformer Engine (--fp8-backend te)
+# Hand counts from Transformer Engine's te.Linear as estimator/fp8.py's docstring reads it: each
+# te.Linear saves a 1-byte column-wise copy of its input (q, k and v one each) and a 2-byte fp8 copy
+# of its weight (row-wise + transposed on Hopper) until its backward; accelerate's convert_model
+# converts the lm_head too (V and H multiples of 16) and unties a tied one; 5 quantizers per module
+# with an fp32 amax history of 1024 rows and a scale each; its own 32 MiB + 1 KiB cuBLAS workspace.
+
+PER_LAYER = 2 * H * H + 2 * H * KV + 3 * H * I
+
+
+def _te(**kw) -> Workload:
+    return _w("fp8", fp8_backend="te", **kw)
+
+
+def test_te_saves_one_byte_inputs_per_linear_and_two_byte_weight_copies():
+    """T = 512. bf16 under SDPA saves the normed input once for q, k, v (2 H), nothing more for o_proj
+    (its input is SDPA's saved output), the normed input once for gate/up (2 H) and the product for
+    down (2 I); TE: q, k, v 1 H each, o 1 H, gate and up 1 H each, down 1 I; the lm_head's input 2 H
+    -> 1 H. Per token: L (2 H - I) + (-H). Plus every fp8 weight copy when the backward starts:
+    2 (L x PER_LAYER + V H)."""
+    from estimator.memory import saved_activation_bytes
+
+    T = 512
+    copies = 2 * (L * PER_LAYER + V * H)
+    assert copies == 15_009_316_864
+    expected = copies + (L * (2 * H - I) - H) * T
+    assert saved_activation_bytes(_te(seq=T)) - saved_activation_bytes(_w("bf16", seq=T)) == expected
+    assert expected == 14_906_556_416
+    assert components(_te(seq=T)).autocast_weight_cache == copies   # the peak: the forward's loss
+
+
+def test_te_scaling_state_workspace_and_untied_lm_head():
+    """Llama-3.1-8B (untied): 32 x 7 + 1 = 225 te.Linear modules x 4 B x 5 x 1025 = 4,612,500 B of
+    scaling state; its cuBLAS workspace 33,555,456 B on the H100. Llama-3.2-1B (tied, V x H =
+    128,256 x 2,048): the untied lm_head adds a bf16 weight and gradient (525,336,576 B each) and
+    no optimizer state; 16 x 7 + 1 modules of state."""
+    bf16, te = (estimate(w, "h100-80gb", "none").memory for w in (_w("bf16"), _te()))
+    assert te.weights_bytes - bf16.weights_bytes == 225 * 4 * 5 * 1025 == 4_612_500
+    assert te.blas_workspace_bytes - bf16.blas_workspace_bytes == 32 * 2**20 + 1024
+    small = load_spec("llama-3.2-1b")
+    a = estimate(Workload(model=small).validate(), "h100-80gb", "none").memory
+    b = estimate(Workload(model=small, precision="fp8", fp8_backend="te").validate(), "h100-80gb", "none").memory
+    assert b.weights_bytes - a.weights_bytes == 2 * 128_256 * 2048 + 113 * 4 * 5 * 1025
+    assert b.gradients_bytes - a.gradients_bytes == 2 * 128_256 * 2048 == 525_336_576
+    assert b.optimizer_states_bytes == a.optimizer_states_bytes
+    tied = estimate(Workload(model=small, precision="fp8", fp8_backend="te").validate(), "h100-80gb", "none")
+    assert any("unties the lm_head" in n for n in tied.regime_notes)
+
+
+def test_te_transients_are_the_hand_counted_casts():
+    """T = 512: a decoder te.Linear's worst transient is gate/up's grad_output cast row- and
+    column-wise, 2 T I; the lm_head's, at its own backward, 2 T V."""
+    from estimator import fp8
+
+    assert fp8.te_workspace_bytes(LLAMA, 512) == 2 * 512 * I == 14_680_064
+    assert fp8.te_head_grad_cast_bytes(LLAMA, 512) == 2 * 512 * V == 131_334_144
+
+
+def test_te_casts_are_fused_cast_transposes_and_the_lm_head_runs_fp8():
+    """Per te.Linear and micro-batch: input T K, weight K N, grad_output T N, 4 B moved per element
+    (read 2, write 1 row-wise + 1 column-wise); the lm_head (H x V) among them. GEMMs: every te.Linear
+    at the fp8 peak."""
+    gpu, T = tables.gpu("h100-80gb"), 512
+    modules = [(H, H), (H, KV), (H, KV), (H, H), (H, I), (H, I), (I, H)]
+    elements = L * sum(T * k + k * n + T * n for k, n in modules) + (T * H + H * V + T * V)
+    extra = (compute_parts(_te(seq=T), gpu, 0.4).elementwise_s - compute_parts(_w("bf16", seq=T), gpu, 0.4).elementwise_s)
+    assert extra == pytest.approx(4 * elements / (H100_BW * ELEMENTWISE_FRACTION), rel=1e-9)
+    off = frozenset({"gemm_size"})
+    got = compute_parts(_te(seq=T), gpu, 0.4, off).gemm_s
+    assert got == pytest.approx(6 * T * (V * H + L * PER_LAYER) / (H100_FP8 * 0.4), rel=1e-12)
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(grad_ckpt=True), "--grad-ckpt"),
+    (dict(zero=3, gpus=2), "ZeRO or FSDP"),
+    (dict(fsdp="full", gpus=2), "ZeRO or FSDP"),
+    (dict(activation_offload=True), "--activation-offload"),
+    (dict(liger=True), "--liger"),
+    (dict(compiled=True), "--compiled"),
+    (dict(method="lora"), "--method lora"),
+])
+def test_te_refuses_what_it_does_not_model(kw, words):
+    from estimator.workload import method_defaults
+
+    with pytest.raises(InputError, match=words.replace("-", r"\-")):
+        Workload(model=LLAMA, precision="fp8", fp8_backend="te", **method_defaults(kw)).validate()
+
+
+@pytest.mark.parametrize("model,words", [("qwen1.5-moe-a2.7b", "MoE"), ("gpt2", "Conv1D")])
+def test_te_refuses_models_it_does_not_model(model, words):
+    with pytest.raises(InputError, match=words):
+        Workload(model=load_spec(model), precision="fp8", fp8_backend="te").validate()
+
+
+def test_te_backend_needs_fp8_and_the_profiler_skips_it():
+    from profiler import build
+
+    with pytest.raises(InputError, match="applies to --precision fp8"):
+        Workload(model=LLAMA, fp8_backend="te").validate()
+    with pytest.raises(build.MissingPackage, match="Transformer Engine"):
+        build.check_packages(_te())

@@ -38,7 +38,7 @@ STACK = {"method": "qlora", "quant": "nf4", "fsdp": "hybrid", "gpus": 2, "nodes"
 EXPERT = {"ep": 2, "gpus": 2, "trainable_dtype": "model"}
 MOE = str(ROOT / "estimator" / "catalog" / "Qwen--Qwen1.5-MoE-A2.7B.json")
 # a trained vision tower needs a vision-language model
-VISION = {"train_vision": True}
+VISION = {"train_vision": True, "precision": "fp8", "fp8_backend": "te"}   # and fp8 through Transformer Engine
 VL = str(ROOT / "estimator" / "catalog" / "Qwen--Qwen2.5-VL-7B-Instruct.json")
 
 

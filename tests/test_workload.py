@@ -22,7 +22,7 @@ CHANGES = {
     "batch": 2, "seq": 1024, "new_tokens": 5, "grad_accum": 4, "lora_rank": 8,
     "lora_targets": ("q_proj", "k_proj"), "dora": True, "lora_dropout": True, "grad_ckpt": True, "attn": "eager", "quant": "int8",
     "double_quant": False, "gpus": 2, "nodes": 2, "zero": 2, "offload": "optimizer", "tp": 2, "pp": 2, "ep": 2,
-    "fsdp": "full", "kbit_prep": "off", "liger": True, "train_vision": True, "activation_offload": True,
+    "fsdp": "full", "kbit_prep": "off", "liger": True, "train_vision": True, "activation_offload": True, "fp8_backend": "te",
     "compiled": True,
     "loss": "model-dtype", "padding_mask": True, "trainable_dtype": "model",
 }
