@@ -173,3 +173,17 @@ def test_dora_with_lora_dropout_is_said_as_not_modelled():
     r = peft.read({"peft_type": "LORA", "r": 8, "use_dora": True, "lora_dropout": 0.1})
     assert r.fields["dora"] is True and "lora_dropout" not in r.fields
     assert any("lora_dropout = 0.1" in u and "DoRA" in u for u in r.unmodelled)
+
+
+@pytest.mark.parametrize("backend, expected", [("AO", "torchao"), ("TE", "te"), (None, "torchao")])
+def test_accelerate_fp8_backend_is_read(backend, expected):
+    from estimator.sources import accelerate
+
+    config = {"mixed_precision": "fp8", **({"fp8_config": {"backend": backend}} if backend else {})}
+    r = accelerate.read(config)
+    assert r.fields["precision"] == "fp8"
+    assert r.fields.get("fp8_backend", "torchao") == expected
+    msamp = accelerate.read({"mixed_precision": "fp8", "fp8_config": {"backend": "MSAMP"}})
+    assert "precision" not in msamp.fields and any("MSAMP" in u for u in msamp.unmodelled)
+    longer = accelerate.read({"mixed_precision": "fp8", "fp8_config": {"backend": "TE", "amax_history_len": 16}})
+    assert any("amax_history_len = 16" in u for u in longer.unmodelled)

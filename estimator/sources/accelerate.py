@@ -28,14 +28,21 @@ def read(config: dict, name: str = "accelerate config") -> Reading:
         raise InputError(f"{name}: mixed_precision must be no, fp16, bf16 or fp8; got {precision!r}")
     elif precision == "fp8":
         # accelerate 1.x: fp8_config.backend AO (torchao float8, also what backend NO picks first when
-        # torchao is installed) is `--precision fp8`; Transformer Engine and MS-AMP are not modelled
+        # torchao is installed) is `--precision fp8`, TE `--fp8-backend te` (Transformer Engine with
+        # TERecipeKwargs' delayed scaling, amax history 1024: estimator.fp8); MS-AMP is not modelled
         fp8 = m.get("fp8_config", dict) or {}
         backend = str(fp8.get("backend") or "AO").upper()
-        if backend in ("AO", "NO"):
+        if backend in ("AO", "NO", "TE"):
             m.set("precision", "fp8", "mixed_precision")
+            if backend == "TE":
+                m.set("fp8_backend", "te", "fp8_config.backend")
+                history = fp8.get("amax_history_len", 1024)
+                if history != 1024:
+                    m.reading.unmodelled.append(f"{name}: fp8_config.amax_history_len = {history!r} (modelled: "
+                                                "1024, accelerate's default; 20 B per row per te.Linear)")
         else:
-            m.reading.unmodelled.append(f"{name}: mixed_precision = 'fp8' with backend {backend} (only torchao "
-                                        "float8, backend AO, is modelled)")
+            m.reading.unmodelled.append(f"{name}: mixed_precision = 'fp8' with backend {backend} (torchao float8, "
+                                        "backend AO, and Transformer Engine, TE, are modelled)")
     fsdp = m.get("fsdp_config", dict)
     if kind == "FSDP":
         f = Mapper(fsdp or {}, f"{name}: fsdp_config", m.reading)
