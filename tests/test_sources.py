@@ -187,3 +187,14 @@ def test_accelerate_fp8_backend_is_read(backend, expected):
     assert "precision" not in msamp.fields and any("MSAMP" in u for u in msamp.unmodelled)
     longer = accelerate.read({"mixed_precision": "fp8", "fp8_config": {"backend": "TE", "amax_history_len": 16}})
     assert any("amax_history_len = 16" in u for u in longer.unmodelled)
+
+
+def test_llamafactory_freeze_vision_tower_false_trains_the_tower():
+    from estimator.sources import llamafactory
+
+    base = {"model_name_or_path": "Qwen/Qwen2.5-VL-7B-Instruct", "finetuning_type": "full"}
+    assert "train_vision" not in llamafactory.read(base).fields                       # LLaMA-Factory's default: frozen
+    assert "train_vision" not in llamafactory.read(dict(base, freeze_vision_tower=True)).fields
+    assert llamafactory.read(dict(base, freeze_vision_tower=False)).fields["train_vision"] is True
+    lora = llamafactory.read(dict(base, finetuning_type="lora", freeze_vision_tower=False))
+    assert "train_vision" not in lora.fields          # LoRA: the targets decide what trains

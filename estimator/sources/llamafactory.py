@@ -14,7 +14,8 @@ from estimator.sources.training_args import QUIET as TRAINER_QUIET
 from estimator.sources.training_args import _absorb, workload_fields
 
 _OWN = ("model_name_or_path", "finetuning_type", "lora_rank", "lora_target", "quantization_bit",
-        "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "stage", "use_dora", "lora_dropout")
+        "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "stage", "use_dora", "lora_dropout",
+        "freeze_vision_tower")
 QUIET = ("template", "dataset", "dataset_dir", "max_samples", "overwrite_cache", "preprocessing_num_workers",
          "lora_alpha", "trust_remote_code", "val_size", "plot_loss", "ddp_timeout",
          "do_sample", "default_system", "tokenized_path", "mix_strategy", "rope_scaling", "use_unsloth")
@@ -40,6 +41,10 @@ def read(config: dict, name: str = "LLaMA-Factory recipe", base_dir: Path | None
         m.set("method", "full", "finetuning_type")
     else:
         raise InputError(f"{name}: finetuning_type {kind!r} is not modelled (lora or full)")
+    # a VL model's vision tower: frozen by default (hparams/finetuning_args.py freeze_vision_tower=True),
+    # as the estimator's full fine-tune has it; False trains it (--train-vision)
+    if m.get("freeze_vision_tower", bool, True) is False and kind == "full":
+        m.set("train_vision", True, "freeze_vision_tower")
     if bits not in (None, 4, 8):
         raise InputError(f"{name}: quantization_bit must be 4 or 8; got {bits}")
     m.quiet("quantization_method")
