@@ -9,6 +9,7 @@ from estimator.bounds import safe_bound, table_bound
 from estimator.bounds import verdict as verdict_of
 from estimator.calibration import NONE, Calibration, apply_memory, resolve, time_corrections
 from estimator.errors import InputError
+from estimator.defaults import overhead
 from estimator.fp8 import gpu_refusal
 from estimator.memory import Components, MemoryBreakdown, blas_workspace_bytes, components, offload_reuse_share
 from estimator.states import frozen_vision, lora_params
@@ -114,7 +115,8 @@ class Estimate:
         w = self.workload
         attn = (f"eager attention: {w.model.model_type} has no SDPA in transformers 5.23 (what it loads with "
                 f"when no attn_implementation is given)",) if (w.model.model_type in NO_SDPA and w.attn == "eager") else ()
-        return regime(w).notes + attn + _math_sdpa_note(w) + _mxfp4_note(w) + _offload_note(w, self.memory)
+        return (regime(w).notes + attn + _math_sdpa_note(w) + _mxfp4_note(w) + _int4_note(w)
+                + _offload_note(w, self.memory))
 
     def dominant(self, n: int = 3) -> list[tuple[str, int]]:
         """The largest memory components, largest first."""
@@ -214,6 +216,18 @@ def _math_sdpa_note(w: Workload) -> tuple[str, ...]:
     return ("sdpa attention: Falcon's single key/value head beside its query heads sends SDPA to its math path "
             "on CUDA, whose tokens x tokens scores this estimate does not count (an under-estimate): "
             "--attn eager is modelled",)
+
+
+def _int4_note(w: Workload) -> tuple[str, ...]:
+    """The line saying how a GPTQ/AWQ checkpoint is held (estimator.states.int4_linear_bytes)."""
+    if w.quant not in ("gptq", "awq"):
+        return ()
+    return (f"{w.quant.upper()} int4 (4 bits, group {int(overhead('int4_group_size'))}): the decoder's linears "
+            "packed 8 per int32 with an fp16 scale and a packed zero per group"
+            + (" and an int32 group index per input row" if w.quant == "gptq" else "")
+            + "; embeddings, norms and lm_head as loaded; the prefill holds one dequantized fp16 copy of the widest "
+              "linear (ExLlamaV2/AutoAWQ large-batch paths; Marlin needs none: over by that much there); a "
+              "checkpoint with another group size or bit width is not modelled",)
 
 
 def _mxfp4_note(w: Workload) -> tuple[str, ...]:

@@ -51,7 +51,7 @@ from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime
 from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
 from estimator.units import MiB
-from estimator.workload import BNB_QUANTS, Workload
+from estimator.workload import BNB_QUANTS, INT4_QUANTS, Workload
 
 ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks (large segments)
 # Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl @0167b7d
@@ -719,8 +719,10 @@ def _inference_working_set(w: Workload, params: ParamCounts) -> float:
 
 def _quant_workspace(w: Workload, params: ParamCounts) -> float:
     """bitsandbytes dequantizes one weight to the compute dtype per matmul (MXFP4's matmul_ogs reads
-    the packed experts directly)."""
-    if w.quant not in BNB_QUANTS:
+    the packed experts directly). GPTQ/AWQ: the kernels that dequantize for a large input (ExLlamaV2's
+    `temp_dq` scratch, AutoAWQ's dequantize-then-matmul above its row threshold) hold the widest
+    linear in fp16; Marlin needs none, so this is the upper bound the estimate keeps."""
+    if w.quant not in BNB_QUANTS + INT4_QUANTS:
         return 0.0
     return 2 * max(lin.d_in * lin.d_out for lin in params.linears) / w.tp
 

@@ -94,7 +94,9 @@ def regime(w: Workload) -> Regime:
         from estimator.fp8 import notes
 
         cached = replace(cached, notes=cached.notes + notes(w))
-    if w.method == "full" and w.model.vision_params and not w.train_vision:   # estimator.states.frozen_vision
+    from estimator.states import frozen_vision   # states reads regimes: imported here
+
+    if frozen_vision(w):
         cached = replace(cached, notes=cached.notes + (
             "vision tower frozen: a text-only batch gives it no gradient and LLaMA-Factory (freeze_vision_tower) "
             "and ms-swift (freeze_vit) freeze it by default, so it keeps no gradient or optimizer state "

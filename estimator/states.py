@@ -142,6 +142,19 @@ def _quantized_linear_bytes(key: StatesKey, elements: float, rows: float) -> flo
     return elements * 0.5 + 4 * elements / block
 
 
+def int4_linear_bytes(quant: str, d_in: int, d_out: int) -> float:
+    """One GPTQ or AWQ int4 linear as its checkpoint stores it (4 bits, `int4_group_size` input rows
+    per group): the weight packed 8 values per int32 (`qweight`, 0.5 B per element), per group an
+    fp16 scale per output column (`scales`) and a 4-bit zero packed 8 per int32 (`qzeros`); GPTQ
+    also keeps an int32 group index per input row (`g_idx`). Layouts: GPTQ (AutoGPTQ/GPTQModel
+    QuantLinear: qweight [in/8, out], qzeros [in/g, out/8], scales [in/g, out], g_idx [in]); AWQ
+    (AutoAWQ WQLinear_GEMM: qweight [in, out/8], qzeros [in/g, out/8], scales [in/g, out]). The
+    bias, where the linear has one, stays fp16 (counted with the unquantized parameters)."""
+    groups = math.ceil(d_in / overhead("int4_group_size"))
+    packed = d_in * d_out / 2 + groups * d_out * 2 + groups * math.ceil(d_out / 8) * 4
+    return packed + (4 * d_in if quant == "gptq" else 0)
+
+
 def mxfp4_bytes_per_element() -> float:
     """MXFP4 storage per weight element: two FP4 (E2M1) values per uint8 `_blocks` byte and one E8M0
     uint8 `_scales` byte per block of 32 (OCP Microscaling Formats (MX) v1.0 section 5; transformers
@@ -165,6 +178,10 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
         return sizes.total * base
     if key.quant == "mxfp4":   # the routed experts' weights packed (biases and the rest as loaded)
         return sizes.expert_w * mxfp4_bytes_per_element() + (sizes.total - sizes.expert_w) * base
+    if key.quant in ("gptq", "awq"):   # the decoder's linears packed (int4_linear_bytes), the rest as loaded
+        fraction = _layer_fraction(key)
+        packed = sum(lin.count * int4_linear_bytes(key.quant, lin.d_in, lin.d_out) for lin in params.linears)
+        return packed * fraction + (sizes.total - sizes.linear_w) * base
     fraction = _layer_fraction(key)
     dense = [lin for lin in params.linears if not lin.expert]
     quantized = sum(lin.weight_params for lin in dense) * fraction

@@ -28,8 +28,12 @@ def loaded_attn(model_type: str) -> str:
     for the model types without SDPA (`NO_SDPA`). Where a workload leaves `attn` unstated (flags,
     imported or stored rows, sweep cases), this is its attention."""
     return "eager" if model_type in NO_SDPA else "sdpa"
-QUANTS = ("none", "int8", "nf4", "fp4", "mxfp4")
+QUANTS = ("none", "int8", "nf4", "fp4", "mxfp4", "gptq", "awq")
 BNB_QUANTS = ("int8", "nf4", "fp4")   # bitsandbytes: nn.Linear replaced, weights dequantized per matmul
+# GPTQ and AWQ int4 checkpoints (transformers' GPTQ and AWQ quantizers): the decoder's nn.Linear
+# weights packed 8 per int32 with a scale and a zero per group of input rows (estimator.states
+# `int4_linear_bytes`); inference here (LoRA on such a base is not modelled yet)
+INT4_QUANTS = ("gptq", "awq")
 # MXFP4 (transformers 5.23 quantizers/quantizer_mxfp4.py, integrations/mxfp4.py): GPT-OSS's fused experts
 # as shipped (4-bit blocks and an 8-bit scale per 32 elements), run by the triton matmul_ogs kernels
 # from the `kernels` package on CUDA compute capability 7.5+; inference only (is_trainable is False)
@@ -114,7 +118,8 @@ class Workload:
     attn: str = field(default="sdpa", metadata=dict(help="attention implementation", choices=ATTENTIONS))
     quant: str = field(default="none", metadata=dict(
         help="quantized weights: bitsandbytes int8/nf4/fp4 (default: nf4 with --method qlora, else none), "
-             "or GPT-OSS's MXFP4 experts as shipped (inference)", choices=QUANTS))
+             "GPT-OSS's MXFP4 experts as shipped, or a GPTQ/AWQ int4 checkpoint (4 bits, group 128; inference)",
+        choices=QUANTS))
     double_quant: bool = field(default=True, metadata=dict(help="QLoRA without double quantization"))
     gpus: int = field(default=1, metadata=dict(help="GPUs per node", metavar="N"))
     nodes: int = field(default=1, metadata=dict(help="nodes", metavar="N"))
@@ -309,6 +314,8 @@ def _check_experts(w: Workload) -> None:
 def _check_method(w: Workload) -> None:
     if w.quant == "mxfp4":
         _check_mxfp4(w)
+    if w.quant in INT4_QUANTS:
+        _check_int4(w)
     if w.method == "qlora":
         if w.quant not in ("nf4", "fp4"):
             raise InputError("QLoRA stores the base weights in 4 bits: quant must be nf4 or fp4")
@@ -371,6 +378,22 @@ def _check_mxfp4(w: Workload) -> None:
     if w.training:
         raise InputError("MXFP4 weights do not train in transformers 5.23 (Mxfp4HfQuantizer.is_trainable is False): "
                          "load with Mxfp4Config(dequantize=True), whose experts are bf16: --quant none")
+
+
+def _check_int4(w: Workload) -> None:
+    name = w.quant.upper()
+    if w.training:
+        raise InputError(f"{name} bases are modelled for inference: LoRA on {name} bases (peft's adapters on their "
+                         "QuantLinear, no fp32 upcast) is not modelled yet; use --method inference, or "
+                         "--method qlora for a bitsandbytes base")
+    if w.model.is_moe:
+        raise InputError(f"{name} on a MoE model is not modelled: transformers 5's fused experts are not the "
+                         "nn.Linear modules GPTQ/AWQ checkpoints quantize")
+    if w.model.vision_params:
+        raise InputError(f"{name} on a vision-language model is not modelled (transformers' GPTQ quantizer takes "
+                         "pure text models)")
+    if w.model.model_type == "gpt2":
+        raise InputError(f"{name} quantizes nn.Linear: GPT-2's Conv1D layers are not modelled")
 
 
 def _check_dora(w: Workload) -> None:

@@ -144,6 +144,9 @@ def check_packages(w: Workload) -> None:
     refused = hybrid_refusal(w)
     if refused:   # never measured as something else: a skipped row says why
         raise MissingPackage(refused)
+    if w.quant in ("gptq", "awq"):   # a GPTQ/AWQ checkpoint's kernels (gptqmodel, AutoAWQ) need CUDA builds
+        raise MissingPackage(f"the profiler does not build quant {w.quant} (int4 checkpoints run by gptqmodel or "
+                             "AutoAWQ kernels) yet (estimator only)")
     if w.quant == "mxfp4":
         raise MissingPackage("the profiler does not build quant mxfp4 (GPT-OSS's packed experts run by the "
                              "`kernels` package's triton matmul_ogs) yet (estimator only)")

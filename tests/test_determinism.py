@@ -76,7 +76,9 @@ def grid(bases: int = 60, seed: int = 17) -> list[Workload]:
              # and a VL model's full fine-tune training its vision tower
              Workload(model=specs[MODELS.index("qwen2.5-vl-7b")], method="full", train_vision=True),
              # and fp8 through Transformer Engine (full fine-tune, no checkpointing, one GPU)
-             Workload(model=specs[MODELS.index("llama-3.1-8b")], method="full", precision="fp8", fp8_backend="te")]
+             Workload(model=specs[MODELS.index("llama-3.1-8b")], method="full", precision="fp8", fp8_backend="te"),
+             # and a GPTQ checkpoint served (AWQ one field away)
+             Workload(model=specs[MODELS.index("llama-3.1-8b")], method="inference", quant="gptq")]
     while made < bases:
         base = fixed.pop() if fixed else Workload(**{name: rng.choice(values) for name, values in choices.items()})
         if not _valid(base):

@@ -1,6 +1,8 @@
 """A bitsandbytes `BitsAndBytesConfig` dict (or a model config's `quantization_config`) -> quant,
 double_quant (transformers 5.23 `utils/quantization_config.py` `BitsAndBytesConfig`); an MXFP4
-`Mxfp4Config` (GPT-OSS as shipped) -> quant mxfp4, or none where it asks to dequantize."""
+`Mxfp4Config` (GPT-OSS as shipped) -> quant mxfp4, or none where it asks to dequantize; a GPTQ or AWQ
+checkpoint's config (`GPTQConfig`, `AwqConfig`: quant_method, bits, group_size) -> quant gptq / awq
+(4 bits in groups of 128, estimator.states.int4_linear_bytes)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ def read(config: dict, name: str = "quantization config") -> Reading:
               "quant_method mxfp4" + (" + dequantize (bf16 experts)" if dequantize else ""))
         m.quiet("modules_to_not_convert")
         return m.finish()
+    if method in ("gptq", "awq"):
+        return _int4(m, method, name)
     if method is not None and method != "bitsandbytes":
         raise InputError(f"{name}: quant_method {method!r} is not modelled (bitsandbytes 4-bit and 8-bit, "
-                         "and GPT-OSS's mxfp4, are)")
+                         "GPT-OSS's mxfp4, and GPTQ/AWQ 4-bit are)")
     four, eight = m.get("load_in_4bit", bool), m.get("load_in_8bit", bool)
     if four and eight:
         raise InputError(f"{name}: load_in_4bit and load_in_8bit are both true")
@@ -35,4 +39,22 @@ def read(config: dict, name: str = "quantization config") -> Reading:
     m.quiet("bnb_4bit_compute_dtype", "llm_int8_threshold", "llm_int8_skip_modules", "llm_int8_enable_fp32_cpu_offload",
             "llm_int8_has_fp16_weight", "bnb_4bit_use_double_quant", "bnb_4bit_quant_type", "_load_in_4bit",
             "_load_in_8bit")
+    return m.finish()
+
+
+def _int4(m: Mapper, method: str, name: str) -> Reading:
+    """GPTQ/AWQ: 4 bits in groups of `int4_group_size` are modelled; anything else is refused."""
+    from estimator.defaults import overhead
+
+    bits, group = m.get("bits", int, 4), m.get("group_size", int, 128)
+    if bits != 4 or group != int(overhead("int4_group_size")):
+        raise InputError(f"{name}: {method} with bits {bits} and group_size {group} is not modelled (4 bits in "
+                         f"groups of {int(overhead('int4_group_size'))} are)")
+    m.set("quant", method, "quant_method + bits + group_size")
+    m.quiet("desc_act", "sym", "damp_percent", "true_sequential", "static_groups", "checkpoint_format", "meta",
+            "pack_dtype", "lm_head", "dataset", "tokenizer", "model_seqlen", "block_name_to_quantize",
+            "module_name_preceding_first_block", "batch_size", "pad_token_id", "use_exllama", "use_cuda_fp16",
+            "max_input_length", "exllama_config", "cache_block_outputs", "modules_in_block_to_quantize",
+            "backend", "zero_point", "version", "modules_to_not_convert", "do_fuse", "fuse_max_seq_len",
+            "quant_type")
     return m.finish()
