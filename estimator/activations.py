@@ -46,7 +46,7 @@ from estimator.lora_targets import expert_targets, trained_roles
 from estimator.model import ModelSpec
 from estimator.regimes import liger_fuses_loss, regime
 from estimator.tables import dtype_bytes
-from estimator.workload import Workload
+from estimator.workload import CHUNKED_LOSS_CHUNKS, Workload
 
 # q made contiguous per head by torch.cat (partial rotary: Phi, GPT-NeoX, StableLM, GLM-4, GLM-4.5)
 # rotary through `cat` (q and k come out contiguous per head, and so does SDPA's output): Phi-3's
@@ -969,6 +969,9 @@ def logits_forward_per_token(key: ActivationKey) -> int:
     if key.loss == "hf-legacy":     # the fp32 logits (the half ones freed by the upcast), their shifted
         # contiguous copy and log_softmax's output
         return 12 * vocab + softcap_saved_per_token(key)
+    if key.loss == "chunked":       # at the last chunk: every chunk's logits and log_softmax output, and
+        # that chunk's fp32 copy (none for fp32 logits: .float() returns them)
+        return (logit + 4) * vocab + (0 if logit == 4 else 4 * vocab / CHUNKED_LOSS_CHUNKS)
     if key.loss == "model-dtype":   # logits, the shifted copy cross_entropy reads, log_softmax's output;
         # autocast runs log_softmax in fp32 (CUDA's fp32 list): an fp32 cast of the copy and an fp32 output
         extra = 8 if dtypes(key).autocast else logit
@@ -990,6 +993,9 @@ def logits_backward_per_token(key: ActivationKey) -> int:
         return (4 + logit) * vocab + softcap_saved_per_token(key)
     if key.loss == "hf-legacy":     # beside those, the fp32 logits the kept output holds
         return 12 * vocab + logits_kept_per_token(key) + softcap_saved_per_token(key)
+    if key.loss == "chunked":       # the first chunk's backward: every chunk's saved log_softmax output
+        # and that chunk's incoming and outgoing fp32 gradients; later chunks free more than they add
+        return 4 * vocab + 2 * 4 * vocab / CHUNKED_LOSS_CHUNKS
     if key.loss == "model-dtype":   # log_softmax's output, its incoming and outgoing gradient (fp32
         # under autocast); the logits were freed with the output after the forward
         return (12 if dtypes(key).autocast else 3 * logit) * vocab + softcap_saved_per_token(key)

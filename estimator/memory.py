@@ -51,7 +51,7 @@ from estimator.params import ParamCounts, count_params
 from estimator.regimes import regime
 from estimator.states import Sizes, Training, dora_params, local_sizes, lora_params, model_states, states_key
 from estimator.units import MiB
-from estimator.workload import BNB_QUANTS, INT4_QUANTS, Workload
+from estimator.workload import BNB_QUANTS, CHUNKED_LOSS_CHUNKS, INT4_QUANTS, Workload
 
 ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks (large segments)
 # Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl @0167b7d
@@ -339,14 +339,17 @@ def _layer_casts(w: Workload, sizes: Sizes) -> float:
 
 def _head_cast(w: Workload, sizes: Sizes) -> float:
     """The lm_head's half-precision autocast cast (bytes; 0 without autocast); Transformer Engine:
-    its te.Linear's fp8 weight copy."""
+    its te.Linear's fp8 weight copy. A loop's chunked output projection (`--loss chunked`) calls a
+    frozen lm_head once per chunk, and autocast caches no cast of a frozen weight: one saved cast
+    per chunk."""
     key = _activation_key(w)
     if key.te:
         head = (sizes.head if sizes.head else sizes.embed) if fp8.te_head_converted(w.model) else 0.0
         return fp8.TE_WEIGHT_COPY_BYTES * head
     if not (key.amp or (w.training and key.kbit_prep)):
         return 0.0
-    return 2 * (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
+    casts = CHUNKED_LOSS_CHUNKS if (w.training and w.loss == "chunked" and w.method != "full") else 1
+    return casts * 2 * (sizes.head if sizes.head else sizes.embed) / (w.dp if w.zero == 3 else 1)
 
 
 @dataclass(frozen=True)
@@ -588,6 +591,12 @@ def _output_layer_backward(w: Workload, sizes: Sizes, trained: Training) -> floa
     if w.fsdp != "none":
         return logits_grad     # the weight gradient is in FSDP's buffers (estimator.fsdp)
     with_grad = logits_grad + head * act_bytes
+    if w.loss == "chunked":
+        # one lm_head matmul per chunk: autograd sums their weight gradients out of place, so from the
+        # second chunk the sum so far, the new one and their sum are alive, beside the logits
+        # gradients of the chunks not yet through the lm_head
+        rest = (CHUNKED_LOSS_CHUNKS - 2) / CHUNKED_LOSS_CHUNKS
+        with_grad = max(with_grad, logits_grad * rest + 3 * head * act_bytes)
     if trained.param_bytes != act_bytes:
         with_grad = max(with_grad, head * (act_bytes + trained.param_bytes))
     return with_grad

@@ -50,7 +50,11 @@ KBIT_PREPS = ("auto", "on", "off")
 # own loss (e.g. 4.37 LlamaForCausalLM.forward) upcasts the logits to fp32, returns them, and
 # cross-entropy reads a contiguous copy of the shifted fp32 logits (`logits[..., :-1, :].contiguous()`;
 # ForCausalLMLoss kept that copy until 4.49, huggingface/transformers#35646).
-LOSSES = ("hf", "model-dtype", "hf-legacy")
+LOSSES = ("hf", "model-dtype", "hf-legacy", "chunked")
+CHUNKED_LOSS_CHUNKS = 8   # torchtune CEWithChunkedOutputLoss num_output_chunks default
+# model types whose CausalLM transforms the logits after the lm_head (soft-capping, a logit scale):
+# a loop's own chunked output projection would skip it, so --loss chunked is refused there
+SCALED_LOGITS = ("cohere", "cohere2", "granite", "granitemoe")
 # auto: what the HF stack does with the trained parameters (peft's fp32 adapters, accelerate's fp32
 # FSDP shards, DeepSpeed's fp32 master); model: the loop keeps them, their gradients and optimizer
 # states in the model's dtype (torchtune, LitGPT bf16-true, AnswerDotAI fsdp_qlora --precision bf16)
@@ -158,7 +162,9 @@ class Workload:
         help="training loss: hf = transformers' loss from labels (fp32 upcast of the logits; HF Trainer, TRL); "
              "model-dtype = a loop's own cross_entropy on the model's logits (no fp32 upcast); "
              "hf-legacy = transformers before 4.46 in a loop that keeps the output to the backward "
-             "(fp32 logits returned and kept, a shifted fp32 copy; fsdp_qlora's train.py)", choices=LOSSES))
+             "(fp32 logits returned and kept, a shifted fp32 copy; fsdp_qlora's train.py); chunked = torchtune's "
+             "CEWithChunkedOutputLoss: the output projection and the fp32 loss in 8 chunks of the sequence",
+        choices=LOSSES))
     trainable_dtype: str = field(default="auto", metadata=dict(
         help="dtype of the trained parameters, their gradients and optimizer states: auto = the HF stack's "
              "(peft fp32 adapters, accelerate's fp32 FSDP shards); model = kept in the model's dtype, no fp32 "
@@ -344,6 +350,9 @@ def _check_method(w: Workload) -> None:
     if w.trainable_dtype == "model" and w.zero:
         raise InputError("--trainable-dtype model with DeepSpeed ZeRO: ZeRO's bf16/fp16 sections keep fp32 master "
                          "weights whatever the loop does; drop --trainable-dtype")
+    if w.loss == "chunked" and (w.model.logit_softcap or w.model.model_type in SCALED_LOGITS):
+        raise InputError(f"--loss chunked: {w.model.model_type} transforms its logits after the lm_head (soft-capping "
+                         "or a logit scale), which a loop's own chunked output projection would leave out: not modelled")
     if w.liger and w.loss != "hf":
         raise InputError("--liger replaces the loss with its fused linear cross-entropy: drop --loss")
     if w.liger and w.model.model_type in LIGER_UNIMPORTABLE:

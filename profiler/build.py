@@ -150,6 +150,9 @@ def check_packages(w: Workload) -> None:
     if w.quant == "mxfp4":
         raise MissingPackage("the profiler does not build quant mxfp4 (GPT-OSS's packed experts run by the "
                              "`kernels` package's triton matmul_ogs) yet (estimator only)")
+    if w.loss == "chunked" and w.world_size > 1:   # the step calls the decoder itself, under no DDP/FSDP wrapper
+        raise MissingPackage("the profiler runs loss chunked in one process only (its step calls the decoder and "
+                             "the output projection itself) yet (estimator only beyond one GPU)")
     if w.te_fp8:   # Transformer Engine needs CUDA and its own build; the profiler converts with torchao only
         raise MissingPackage("the profiler does not build fp8_backend te (Transformer Engine) yet (estimator only)")
     if w.train_vision:   # token ids only: a trained vision tower would get no gradient, as if frozen

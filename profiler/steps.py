@@ -86,6 +86,9 @@ def micro_batches(model, batch: Batch, w: Workload, device_type: str, indices) -
             if w.loss == "hf-legacy":
                 _legacy_loss_step(model, batch, w, device_type)
                 continue
+            if w.loss == "chunked":
+                _chunked_loss_step(model, batch, w, device_type)
+                continue
             with _autocast(w, device_type), _offload(model, w, device_type):
                 loss = model(input_ids=batch.input_ids, labels=batch.labels, attention_mask=batch.attention_mask,
                              use_cache=False).loss
@@ -134,6 +137,45 @@ def _legacy_loss_step(model, batch: Batch, w: Workload, device_type: str) -> Non
         del shifted
     (loss / w.grad_accum).backward()
     del loss, logits
+
+
+def _chunked_loss_step(model, batch: Batch, w: Workload, device_type: str) -> None:
+    """`--loss chunked`: torchtune's CEWithChunkedOutputLoss (torchtune modules/loss, num_output_chunks
+    8) as its recipes run it: the decoder's last hidden state split in 8 along the sequence, the
+    output projection applied to each chunk (`[model.output(chunk) for chunk in h.chunk(8, dim=1)]`),
+    then per chunk `cross_entropy(chunk.float(), labels, reduction="sum")` on labels shifted left
+    (no shifted copy of the logits), summed and divided by the labelled tokens; the chunks are
+    deleted before the backward."""
+    import torch
+
+    from estimator.workload import CHUNKED_LOSS_CHUNKS
+
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    labels = torch.cat([batch.labels[:, 1:], torch.full_like(batch.labels[:, :1], -100)], dim=1)
+    with _autocast(w, device_type), _offload(model, w, device_type):
+        hidden = causal.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                   use_cache=False).last_hidden_state
+        head = causal.get_output_embeddings()
+        logits = [head(chunk) for chunk in hidden.chunk(CHUNKED_LOSS_CHUNKS, dim=1)]
+        del hidden
+        loss = _chunked_cross_entropy(logits, labels)
+    del logits
+    (loss / w.grad_accum).backward()
+    del loss
+
+
+def _chunked_cross_entropy(logits: list, labels):
+    """CEWithChunkedOutputLoss.forward: one chunk upcast at a time (its locals die with the call)."""
+    import torch.nn.functional as F
+
+    from estimator.workload import CHUNKED_LOSS_CHUNKS
+
+    total = (labels != -100).sum()
+    loss = 0.0
+    for chunk, target in zip(logits, labels.chunk(CHUNKED_LOSS_CHUNKS, dim=1)):
+        loss = loss + F.cross_entropy(chunk.reshape(-1, chunk.size(-1)).float(), target.reshape(-1),
+                                      ignore_index=-100, reduction="sum")
+    return loss / total
 
 
 def _offload(model, w: Workload, device_type: str):

@@ -104,6 +104,14 @@ def _stacks() -> list[Case]:
             ("google/gemma-2-2b", dict(method="lora", batch=1, seq=512, attn="eager")),
             ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="lora", precision="amp-bf16", batch=2, seq=1024))):
         cases.append(Case(model, dict(loss="model-dtype", **settings), warmup=1, steps=1))
+    # torchtune's chunked cross-entropy (--loss chunked): the output projection and the loss per chunk
+    for model, settings in (
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024)),
+            ("meta-llama/Llama-3.2-1B", dict(method="full", batch=1, seq=2048)),
+            ("meta-llama/Llama-3.2-1B", dict(method="lora", precision="amp-bf16", batch=2, seq=1024)),
+            ("Qwen/Qwen2.5-0.5B-Instruct", dict(method="qlora", quant="nf4", batch=2, seq=1024, grad_ckpt=True)),
+            ("openai-community/gpt2-medium", dict(method="full", batch=2, seq=1024))):
+        cases.append(Case(model, dict(loss="chunked", **settings), warmup=1, steps=1))
     # transformers before 4.46 in a loop that keeps the output (--loss hf-legacy, fsdp_qlora's train.py)
     for model, settings in (
             ("meta-llama/Llama-3.2-1B", dict(method="lora", batch=2, seq=1024, grad_ckpt=True)),

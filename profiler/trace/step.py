@@ -214,14 +214,15 @@ def _trace_built(model, cfg: dict, w: Workload, layers: int, reserved: bool) -> 
         tracker.watch(model, optimizer)
         tracker.watch_layers(_decoder_layers(model, layers))
         tag.append(tracker)
-        handle = model.register_forward_pre_hook(_phase_hook(tracker, w))
+        root = _step_root(model, w)
+        handle = root.register_forward_pre_hook(_phase_hook(tracker, w))
         try:
             with tracker, fake_addresses(tracker.address_of):
                 if two_steps:
                     _run(model, optimizer, batch, w)
                     tracker.restart()
                     handle.remove()    # the next forward is a prefill again
-                    handle = model.register_forward_pre_hook(_phase_hook(tracker, w))
+                    handle = root.register_forward_pre_hook(_phase_hook(tracker, w))
                 _run(model, optimizer, batch, w)
         finally:
             handle.remove()
@@ -279,6 +280,15 @@ def _run(model, optimizer, batch, w: Workload) -> None:
         train_step(model, optimizer, batch, w, "cpu")
     else:
         inference_step(model, batch, w, "cpu")
+
+
+def _step_root(model, w: Workload):
+    """The module whose forward starts the step: the model, or with `--loss chunked` its decoder
+    (profiler.steps `_chunked_loss_step` runs the decoder, then the output projection per chunk)."""
+    if w.training and w.loss == "chunked":
+        causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return causal.base_model
+    return model
 
 
 def _phase_hook(tracker, w: Workload):
