@@ -424,20 +424,20 @@ def lora_targets_text(text):
 # cross_entropy reads (2 B) and log_softmax's output (2 B) in the forward; its output, incoming and
 # outgoing gradients (3 x 2 B) in the backward. Under autocast log_softmax runs in fp32 (CUDA's fp32
 # list): the fp32 cast of the copy and the fp32 output (8 B) beside the two bf16 tensors; 3 x 4 B after.
-def test_model_dtype_loss_bytes_per_token_by_hand():
+def _loss_bytes(spec, **settings) -> tuple:
+    """(saved, forward peak, backward peak) of the loss per token for a LoRA step with `settings`."""
     from estimator import activations as act
 
+    key = act.activation_key(Workload(model=spec, method="lora", **settings).validate())
+    return act.logits_saved_per_token(key), act.logits_forward_per_token(key), act.logits_backward_per_token(key)
+
+
+def test_model_dtype_loss_bytes_per_token_by_hand():
     spec = load_spec("llama-3.2-1b")
     v = spec.vocab_size
-    plain = act.activation_key(Workload(model=spec, method="lora", loss="model-dtype").validate())
-    assert (act.logits_saved_per_token(plain), act.logits_forward_per_token(plain),
-            act.logits_backward_per_token(plain)) == (2 * v, 6 * v, 6 * v)
-    amp = act.activation_key(Workload(model=spec, method="lora", precision="amp-bf16", loss="model-dtype").validate())
-    assert (act.logits_saved_per_token(amp), act.logits_forward_per_token(amp),
-            act.logits_backward_per_token(amp)) == (4 * v, 12 * v, 12 * v)
-    hf = act.activation_key(Workload(model=spec, method="lora").validate())
-    assert (act.logits_saved_per_token(hf), act.logits_forward_per_token(hf),
-            act.logits_backward_per_token(hf)) == (4 * v, 10 * v, 12 * v)
+    assert _loss_bytes(spec, loss="model-dtype") == (2 * v, 6 * v, 6 * v)
+    assert _loss_bytes(spec, precision="amp-bf16", loss="model-dtype") == (4 * v, 12 * v, 12 * v)
+    assert _loss_bytes(spec) == (4 * v, 10 * v, 12 * v)
 
 
 # --loss hf-legacy: transformers before 4.46 in a loop that keeps the output (fsdp_qlora train.py;
@@ -480,15 +480,10 @@ def test_legacy_loss_estimate_matches_the_trace(settings):
 # (4 B) beside the last chunk's fp32 copy (4/8 B); the backward starts with the first chunk's incoming
 # and outgoing fp32 gradients (2 x 4/8 B) beside every saved output (4 B). fp32 logits: no copy.
 def test_chunked_loss_bytes_per_token_by_hand():
-    from estimator import activations as act
-
     spec = load_spec("llama-3.2-1b")
     v = spec.vocab_size
-    key = act.activation_key(Workload(model=spec, method="lora", loss="chunked").validate())
-    assert (act.logits_saved_per_token(key), act.logits_forward_per_token(key),
-            act.logits_backward_per_token(key)) == (4 * v, 6.5 * v, 5 * v)
-    fp32 = act.activation_key(Workload(model=spec, method="lora", precision="fp32", loss="chunked").validate())
-    assert act.logits_forward_per_token(fp32) == 8 * v
+    assert _loss_bytes(spec, loss="chunked") == (4 * v, 6.5 * v, 5 * v)
+    assert _loss_bytes(spec, precision="fp32", loss="chunked")[1] == 8 * v
 
 
 @pytest.mark.parametrize("model,settings", [
