@@ -413,8 +413,8 @@ def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Size
         # FSDP: the unsharded lm_head gradient is counted with its reduce-scatter buffers (zero_buffers)
         head_grad = 0.0 if w.fsdp != "none" else _head_grad_bytes(sizes, trained)
         # Transformer Engine's lm_head casts the logits' gradient row- and column-wise (estimator.fp8)
-        head_cast = fp8.te_head_grad_cast_bytes(w.model, tokens) / w.tp if w.te_fp8 else 0.0
-        moments.append((acts + casts_bwd + _output_layer_backward(w, sizes, trained) + head_cast, casts_bwd))
+        te_grad_cast = fp8.te_head_grad_cast_bytes(w.model, tokens) / w.tp if w.te_fp8 else 0.0
+        moments.append((acts + casts_bwd + _output_layer_backward(w, sizes, trained) + te_grad_cast, casts_bwd))
     key = _activation_key(w)
     below = acts - per_token.outside * tokens        # the layers' saved tensors
     kept = act.logits_kept_per_token(key) * tokens   # logits a loop keeps to the end
