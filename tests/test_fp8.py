@@ -207,6 +207,9 @@ def _cli(*args) -> subprocess.CompletedProcess:
     (("--method", "qlora"), "--method qlora"),
     (("--method", "inference"), "fp8 inference"),
     (("--tp", "2", "--gpus", "2"), "--tp"),
+    (("--fp8-backend", "te", "--grad-ckpt"), "--grad-ckpt"),
+    (("--fp8-backend", "te", "--zero", "3", "--gpus", "2"), "ZeRO or FSDP"),
+    (("--fp8-backend", "tensorrt"), "invalid choice: 'tensorrt'"),
 ])
 def test_command_line_refuses_in_one_line(args, words):
     run = _cli(*args)

@@ -91,3 +91,24 @@ def test_a_checkpoints_quantization_config_reads_as_its_quant(method):
         quantization.read(dict(cfg, bits=8))
     with pytest.raises(InputError, match="group_size 32"):
         quantization.read(dict(cfg, group_size=32))
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--quant", "gptq", "--method", "lora"), "LoRA on GPTQ bases"),
+    (("--quant", "awq", "--model", "qwen1.5-moe-a2.7b"), "MoE"),
+    (("--train-vision", "--method", "full"), "no vision tower"),
+    (("--loss", "chunked", "--method", "lora", "--model", "gemma-2-2b", "--attn", "eager"), "--loss chunked"),
+])
+def test_command_line_refuses_in_one_line(args, words):
+    """The flags this file's regimes brought, refused in one line with exit 2 (no traceback)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "scripts" / "estimate.py"), "--model", "llama-3.1-8b",
+                          "--method", "inference", "--calibration", "none", *args],
+                         capture_output=True, text=True, cwd=root, timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in run.stderr
