@@ -17,7 +17,7 @@ from estimator.params import count_params
 from estimator.regimes import regime
 from estimator.timing import JobCost, TimeBreakdown, inference_time, job_cost, train_time
 from estimator.versions import installed_versions
-from estimator.workload import MXFP4_MODEL_TYPES, NO_SDPA, Workload
+from estimator.workload import INT4_QUANTS, MXFP4_MODEL_TYPES, NO_SDPA, Workload
 from estimator.units import GiB
 
 DEFAULT_INTER_NODE = "ib-hdr"
@@ -220,7 +220,7 @@ def _math_sdpa_note(w: Workload) -> tuple[str, ...]:
 
 def _int4_note(w: Workload) -> tuple[str, ...]:
     """The line saying how a GPTQ/AWQ checkpoint is held (estimator.states.int4_linear_bytes)."""
-    if w.quant not in ("gptq", "awq"):
+    if w.quant not in INT4_QUANTS:
         return ()
     return (f"{w.quant.upper()} int4 (4 bits, group {int(overhead('int4_group_size'))}): the decoder's linears "
             "packed 8 per int32 with an fp16 scale and a packed zero per group"

@@ -160,17 +160,12 @@ def te_head_converted(spec: ModelSpec) -> bool:
     return spec.vocab_size % FP8_ALIGN == 0 and spec.hidden_size % FP8_ALIGN == 0
 
 
-def te_modules(spec: ModelSpec, params: ParamCounts | None = None) -> tuple[tuple[int, int, int], ...]:
+def te_modules(spec: ModelSpec) -> tuple[tuple[int, int, int], ...]:
     """(in, out, count) of every te.Linear of the model: the decoder linears and the lm_head."""
-    out = tuple((lin.d_in, lin.d_out, lin.count) for lin in converted_linears(spec, params))
+    out = tuple((lin.d_in, lin.d_out, lin.count) for lin in converted_linears(spec))
     if te_head_converted(spec):
         out += ((spec.hidden_size, spec.vocab_size, 1),)
     return out
-
-
-def te_weights(spec: ModelSpec, params: ParamCounts | None = None) -> int:
-    """Weight elements of the te.Linear modules (decoder linears and lm_head)."""
-    return sum(d_in * d_out * n for d_in, d_out, n in te_modules(spec, params))
 
 
 def te_scaling_state_bytes(spec: ModelSpec) -> int:
@@ -241,7 +236,7 @@ def refusal(w) -> str:
     if w.tp > 1:
         return ("--precision fp8 with --tp is not modelled (torchao float8 tensor parallel needs torchtitan's "
                 "Float8 parallel plans): use --tp 1")
-    if w.fp8_backend == "te":
+    if w.te_fp8:
         return _te_refusal(w)
     if not converted_linears(w.model):
         return (f"--precision fp8: {w.model.name} has no nn.Linear with dims divisible by 16 for torchao to "
@@ -260,7 +255,7 @@ def gpu_refusal(gpu) -> str:
 def notes(w) -> tuple[str, ...]:
     """The regime lines fp8 adds."""
     n = len(converted_linears(w.model))
-    if w.fp8_backend == "te":
+    if w.te_fp8:
         lines = [f"fp8 (Transformer Engine through accelerate: te.Linear under fp8_autocast, delayed scaling, amax "
                  f"history {TE_AMAX_HISTORY}): {n} linear shapes of the decoder layers"
                  + (" and the lm_head" if te_head_converted(w.model) else "") + " run fp8 GEMMs; each te.Linear "

@@ -83,9 +83,8 @@ def model_tensors(spec: ModelSpec, params: ParamCounts) -> list[Tensor]:
         if params.router > gate:   # Qwen-MoE's shared expert gate: 1 x hidden per layer
             out.append(Tensor(1, spec.hidden_size, layers, "other", "router"))
     if spec.vision_params:   # a VL model's vision tower: its linears, the rest (patch embedding, norms) as one
-        vision = [Tensor(d_out, d_in, n, "linear", "vision") for _, d_in, d_out, n in spec.vision_linears]
-        rest = spec.vision_params - sum(t.rows * t.width * t.count for t in vision)
-        out += vision + [Tensor(rest, 1, 1, "other", "vision")]
+        out += [Tensor(d_out, d_in, n, "linear", "vision") for _, d_in, d_out, n in spec.vision_linears]
+        out.append(Tensor(spec.vision_other_params, 1, 1, "other", "vision"))
     return out
 
 
@@ -147,9 +146,9 @@ def fsdp_states(spec: ModelSpec, params: ParamCounts, *, full: bool, quant: str,
     four_bit = quant in ("nf4", "fp4")
     weights, replicated = 0.0, 0.0
     if full:
-        trains = [t for t in tensors if train_vision or t.role != "vision"]
-        trainable = sum(t.shard(world) for t in trains)
-        weights += frozen_bytes * sum(t.shard(world) for t in tensors if t not in trains)
+        frozen = [not train_vision and t.role == "vision" for t in tensors]
+        trainable = sum(t.shard(world) for t, f in zip(tensors, frozen) if not f)
+        weights += frozen_bytes * sum(t.shard(world) for t, f in zip(tensors, frozen) if f)
     else:
         for t in tensors:
             if four_bit and t.kind == "linear":

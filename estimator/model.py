@@ -120,6 +120,12 @@ class ModelSpec:
         return self.kv_lora_rank > 0
 
     @property
+    def vision_other_params(self) -> int:
+        """Elements of a VL model's vision tower outside its nn.Linear weights (patch embedding,
+        norms, biases, position table): what a per-tensor count lumps into one."""
+        return self.vision_params - sum(d_in * d_out * n for _, d_in, d_out, n in self.vision_linears)
+
+    @property
     def q_dim(self) -> int:
         """Width of the queries (heads x head_dim; MLA: heads x (nope + rope) dims)."""
         if self.is_mla:

@@ -26,7 +26,7 @@ from estimator.lora_targets import adapter_shapes
 from estimator.model import ModelSpec
 from estimator.params import ParamCounts, count_params
 from estimator.regimes import Regime, regime
-from estimator.workload import Workload
+from estimator.workload import INT4_QUANTS, Workload
 
 
 class StatesKey(NamedTuple):
@@ -178,7 +178,7 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
         return sizes.total * base
     if key.quant == "mxfp4":   # the routed experts' weights packed (biases and the rest as loaded)
         return sizes.expert_w * mxfp4_bytes_per_element() + (sizes.total - sizes.expert_w) * base
-    if key.quant in ("gptq", "awq"):   # the decoder's linears packed (int4_linear_bytes), the rest as loaded
+    if key.quant in INT4_QUANTS:   # the decoder's linears packed (int4_linear_bytes), the rest as loaded
         fraction = _layer_fraction(key)
         packed = sum(lin.count * int4_linear_bytes(key.quant, lin.d_in, lin.d_out) for lin in params.linears)
         return packed * fraction + (sizes.total - sizes.linear_w) * base
@@ -250,8 +250,7 @@ def _trainable_tensors(key: StatesKey, params: ParamCounts) -> list[tuple[int, i
     out += [(elements, 1) for elements in (params.embedding, params.lm_head, params.lm_head_bias, params.positions)
             if elements]
     if key.train_vision:   # the tower's linears, and the rest of it (patch embedding, norms, biases) as one
-        vision = [(d_in * d_out, n) for _, d_in, d_out, n in spec.vision_linears]
-        out += vision + [(params.vision - sum(e * n for e, n in vision), 1)]
+        out += [(d_in * d_out, n) for _, d_in, d_out, n in spec.vision_linears] + [(spec.vision_other_params, 1)]
     if params.router:
         out.append((params.router // max(spec.num_moe_layers, 1), max(spec.num_moe_layers, 1)))
     return out

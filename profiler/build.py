@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from estimator.lora_targets import is_all_linear, is_pattern
 from estimator.regimes import LIGER_PATCHED_TYPES, regime
 from estimator.states import frozen_vision
-from estimator.workload import BNB_QUANTS, Workload
+from estimator.workload import BNB_QUANTS, INT4_QUANTS, Workload
 
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
@@ -144,7 +144,7 @@ def check_packages(w: Workload) -> None:
     refused = hybrid_refusal(w)
     if refused:   # never measured as something else: a skipped row says why
         raise MissingPackage(refused)
-    if w.quant in ("gptq", "awq"):   # a GPTQ/AWQ checkpoint's kernels (gptqmodel, AutoAWQ) need CUDA builds
+    if w.quant in INT4_QUANTS:   # a GPTQ/AWQ checkpoint's kernels (gptqmodel, AutoAWQ) need CUDA builds
         raise MissingPackage(f"the profiler does not build quant {w.quant} (int4 checkpoints run by gptqmodel or "
                              "AutoAWQ kernels) yet (estimator only)")
     if w.quant == "mxfp4":

@@ -150,7 +150,7 @@ def _chunked_loss_step(model, batch: Batch, w: Workload, device_type: str) -> No
 
     from estimator.workload import CHUNKED_LOSS_CHUNKS
 
-    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    causal = causal_lm(model)
     labels = torch.cat([batch.labels[:, 1:], torch.full_like(batch.labels[:, :1], -100)], dim=1)
     with _autocast(w, device_type), _offload(model, w, device_type):
         hidden = causal.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
@@ -162,6 +162,11 @@ def _chunked_loss_step(model, batch: Batch, w: Workload, device_type: str) -> No
     del logits
     (loss / w.grad_accum).backward()
     del loss
+
+
+def causal_lm(model):
+    """The CausalLM under peft's wrapper (the model itself without one)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _chunked_cross_entropy(logits: list, labels):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from estimator.errors import InputError
 from estimator.sources import Mapper, Reading
+from estimator.workload import INT4_QUANTS
 
 
 def read(config: dict, name: str = "quantization config") -> Reading:
@@ -19,7 +20,7 @@ def read(config: dict, name: str = "quantization config") -> Reading:
               "quant_method mxfp4" + (" + dequantize (bf16 experts)" if dequantize else ""))
         m.quiet("modules_to_not_convert")
         return m.finish()
-    if method in ("gptq", "awq"):
+    if method in INT4_QUANTS:
         return _int4(m, method, name)
     if method is not None and method != "bitsandbytes":
         raise InputError(f"{name}: quant_method {method!r} is not modelled (bitsandbytes 4-bit and 8-bit, "

@@ -285,10 +285,9 @@ def _run(model, optimizer, batch, w: Workload) -> None:
 def _step_root(model, w: Workload):
     """The module whose forward starts the step: the model, or with `--loss chunked` its decoder
     (profiler.steps `_chunked_loss_step` runs the decoder, then the output projection per chunk)."""
-    if w.training and w.loss == "chunked":
-        causal = model.get_base_model() if hasattr(model, "get_base_model") else model
-        return causal.base_model
-    return model
+    from profiler.steps import causal_lm
+
+    return causal_lm(model).base_model if (w.training and w.loss == "chunked") else model
 
 
 def _phase_hook(tracker, w: Workload):
