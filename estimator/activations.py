@@ -44,6 +44,7 @@ from estimator import dora
 from estimator.fp8 import TE_SAVED_INPUT_BYTES, te_head_converted
 from estimator.lora_targets import expert_targets, trained_roles
 from estimator.model import ModelSpec
+from estimator.params import count_params
 from estimator.regimes import liger_fuses_loss, regime
 from estimator.tables import dtype_bytes
 from estimator.workload import CHUNKED_LOSS_CHUNKS, Workload
@@ -656,7 +657,44 @@ def layer_fixed_bytes(key: ActivationKey) -> int:
     torch.nn.utils.parametrize, in the parameter's dtype), which the grouped_mm saves, and the
     half-precision casts of fp32 adapters the delta's matmul saves."""
     fixed = round(3 * key.adapter_bytes * key.dora[0]) if key.dora else 0
-    return fixed + _router_weight_cast(key) + _expert_delta_weights(key)
+    return fixed + _router_weight_cast(key) + _expert_delta_weights(key) + int4_dequantized_weights(key)
+
+
+def int4_dequantized_weights(key: ActivationKey) -> int:
+    """LoRA on a GPTQ base: the dequantized copies of the quantized linears' weights saved for the
+    backward, mean bytes per decoder layer. Training runs gptqmodel's trainable kernels (GPTQConfig
+    backend "auto_trainable": TritonV2Linear, whose training forward is TorchLinear's, or TorchLinear;
+    ModelCloud/GPTQModel f4c327a1 gptqmodel/nn_modules/qlinear/torch.py `_forward_eager`): every forward
+    dequantizes the whole weight to the input's half dtype, [in, out], and `torch.matmul(x, weights)`
+    saves it for the input's gradient (the weight needs none, so the input is not saved). The backward
+    does not dequantize again. A linear whose input needs no gradient saves nothing: without
+    checkpointing the first layer's attention inputs (and a parallel block's MLP inputs) read the
+    frozen embedding's output (`_first_layer_discount`)."""
+    if key.quant != "gptq" or not key.training:
+        return 0
+    spec = key.model
+    linears = [lin for lin in count_params(spec).linears if not lin.expert]
+    total = sum(lin.weight_params for lin in linears)
+    first = 0 if key.grad_ckpt else sum(lin.d_in * lin.d_out for lin in linears
+                                        if lin.role in _first_layer_gradless_inputs(key))
+    return dtypes(key).compute * (total - first) // spec.num_layers
+
+
+def _first_layer_gradless_inputs(key: ActivationKey) -> set[str]:
+    """The first layer's linears whose input needs no gradient under LoRA with a frozen embedding:
+    the attention's inputs; its output projection unless an adapter reads the attention's input; the
+    MLP's inputs unless an attention adapter trains before them (a parallel block's always: they read
+    the layer's normed input); down_proj unless something before it trains."""
+    spec = key.model
+    attention_in = set(_attention_input_roles(spec))
+    attention_trains = any(_trains(key, r) for r in attention_in)
+    roles = set(attention_in) | (set() if attention_trains else {"o_proj"})
+    mlp_in = {"gate_proj", "up_proj"}
+    if spec.parallel_block or not (attention_trains or _trains(key, "o_proj")):
+        roles |= mlp_in
+        if not any(_trains(key, r) for r in mlp_in):
+            roles.add("down_proj")
+    return roles
 
 
 def _expert_delta_weights(key: ActivationKey) -> int:

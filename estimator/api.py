@@ -222,12 +222,20 @@ def _int4_note(w: Workload) -> tuple[str, ...]:
     """The line saying how a GPTQ/AWQ checkpoint is held (estimator.states.int4_linear_bytes)."""
     if w.quant not in INT4_QUANTS:
         return ()
-    return (f"{w.quant.upper()} int4 (4 bits, group {int(overhead('int4_group_size'))}): the decoder's linears "
+    held = (f"{w.quant.upper()} int4 (4 bits, group {int(overhead('int4_group_size'))}): the decoder's linears "
             "packed 8 per int32 with an fp16 scale and a packed zero per group"
             + (" and an int32 group index per input row" if w.quant == "gptq" else "")
-            + "; embeddings, norms and lm_head as loaded; the prefill holds one dequantized fp16 copy of the widest "
-              "linear (ExLlamaV2/AutoAWQ large-batch paths; Marlin needs none: over by that much there); a "
-              "checkpoint with another group size or bit width is not modelled",)
+            + "; embeddings, norms and lm_head as loaded; ")
+    if w.training:
+        return (held + "LoRA trains through gptqmodel's trainable kernel (GPTQConfig(backend=\"auto_trainable\"); the "
+                "fast kernels refuse training), which dequantizes each linear in every forward and saves that half "
+                "copy for the backward: "
+                + ("the recomputed layer's copies" if w.grad_ckpt else
+                   "the whole decoder in half precision besides the packed weights (--grad-ckpt keeps one layer's)")
+                + "; a checkpoint with another group size or bit width is not modelled",)
+    return (held + "the prefill holds one dequantized fp16 copy of the widest "
+            "linear (ExLlamaV2/AutoAWQ large-batch paths; Marlin needs none: over by that much there); a "
+            "checkpoint with another group size or bit width is not modelled",)
 
 
 def _mxfp4_note(w: Workload) -> tuple[str, ...]:

@@ -43,7 +43,8 @@ from estimator.lora_targets import matched
 from estimator.model import ModelSpec
 from estimator.params import count_params
 from estimator.regimes import liger_fuses_loss, regime
-from estimator.workload import BNB_QUANTS, Workload
+from estimator.states import int4_linear_bytes
+from estimator.workload import BNB_QUANTS, INT4_QUANTS, Workload
 
 # FlashAttention-3 (Shah et al. 2024, abstract): FlashAttention-2 reaches only 35 % of peak on H100
 HOPPER_PREFIXES = ("h100", "h200", "h20", "gh200")
@@ -369,22 +370,31 @@ def _adapter_s(w: Workload, gpu: tables.GpuSpec, tokens: float) -> float:
 
 def dequant_bytes_per_use(w: Workload) -> float:
     """Bytes one dequantization of the quantized linears moves: the packed weights and their absmax
-    read, the compute-dtype copy written (the GEMM's own read of it is in the GEMM term)."""
+    (GPTQ: scales, zeros and group index, estimator.states `int4_linear_bytes`) read, the
+    compute-dtype copy written (the GEMM's own read of it is in the GEMM term)."""
     p = count_params(w.model)
     quantized = p.linear_weights - p.expert_weights     # bnb replaces nn.Linear only
+    if w.quant in INT4_QUANTS:
+        packed = sum(lin.count * int4_linear_bytes(w.quant, lin.d_in, lin.d_out) for lin in p.linears)
+        return (packed + quantized * w.activation_dtype_bytes) / (w.tp * w.pp)
     packed = 0.5 + 1.0 / 64 if w.quant in ("nf4", "fp4") else 1.0
     return quantized * (packed + w.activation_dtype_bytes) / (w.tp * w.pp)
 
 
 def dequant_uses(w: Workload, training: bool) -> float:
-    """Forward, the recomputed forward and the backward's input gradient each dequantize again."""
+    """bitsandbytes: the forward, the recomputed forward and the backward's input gradient each
+    dequantize again. GPTQ's trainable kernels: the forward and the recomputed forward; the backward
+    reads the copy the forward saved (estimator.activations `int4_dequantized_weights`)."""
     if not training:
         return 1.0
-    return 2.0 + (1.0 if w.grad_ckpt else 0.0)
+    recompute = 1.0 if w.grad_ckpt else 0.0
+    return 1.0 + recompute + (0.0 if w.quant in INT4_QUANTS else 1.0)
 
 
 def _dequant_s(w: Workload, gpu: tables.GpuSpec, training: bool) -> float:
-    if w.quant not in BNB_QUANTS:   # MXFP4's matmul_ogs reads the packed experts in its GEMM
+    # MXFP4's matmul_ogs reads the packed experts in its GEMM, and so do the int4 inference kernels
+    # (Marlin, ExLlamaV2); LoRA on GPTQ dequantizes the whole weight in every forward
+    if w.quant not in BNB_QUANTS and not (w.quant in INT4_QUANTS and training):
         return 0.0
     return dequant_bytes_per_use(w) * dequant_uses(w, training) / bandwidth(gpu)
 

@@ -730,8 +730,10 @@ def _quant_workspace(w: Workload, params: ParamCounts) -> float:
     """bitsandbytes dequantizes one weight to the compute dtype per matmul (MXFP4's matmul_ogs reads
     the packed experts directly). GPTQ/AWQ: the kernels that dequantize for a large input (ExLlamaV2's
     `temp_dq` scratch, AutoAWQ's dequantize-then-matmul above its row threshold) hold the widest
-    linear in fp16; Marlin needs none, so this is the upper bound the estimate keeps."""
-    if w.quant not in BNB_QUANTS + INT4_QUANTS:
+    linear in fp16; Marlin needs none, so this is the upper bound the estimate keeps. LoRA on GPTQ
+    without checkpointing: each forward's dequantized weight is the copy its matmul saves
+    (estimator.activations `int4_dequantized_weights`), and the backward reads those: no scratch."""
+    if w.quant not in BNB_QUANTS + INT4_QUANTS or (w.quant in INT4_QUANTS and w.training and not w.grad_ckpt):
         return 0.0
     return 2 * max(lin.d_in * lin.d_out for lin in params.linears) / w.tp
 

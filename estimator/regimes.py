@@ -9,7 +9,8 @@ What each library does, read in its code (docs/design.md section 8):
   weights live on cpu/meta when the trainer sees them) and its current SFTTrainer casts the
   adapters of a quantized model to bf16 (huggingface/trl f2cd577 trl/trainer/sft_trainer.py
   lines 1121-1130). `--kbit-prep auto` is on for the HF Trainer on one GPU or DDP/ZeRO-1/2, off
-  under FSDP and ZeRO-3.
+  under FSDP and ZeRO-3. For a GPTQ model (`is_gptq_quantized`) it skips the upcast: the
+  non-quantized parameters stay as loaded whatever `--kbit-prep` says.
 - DeepSpeed with a `bf16`/`fp16` section casts every floating parameter of the module to that
   dtype (deepspeed 0.19.8 runtime/engine.py `_cast_module_mixed_precision`, lines 1859-1862):
   LoRA adapters, kbit-prepared fp32 norms and the fp32 weights of an AMP model included; the
@@ -114,6 +115,10 @@ def _kbit_prep(method: str, quant: str, zero: int, fsdp: str, setting: str,
                model_dtype: bool = False) -> tuple[bool, str]:
     if method == "inference" or quant == "none":
         return False, ""
+    if quant == "gptq":
+        # peft 0.21.2 utils/other.py prepare_model_for_kbit_training: `is_gptq_quantized` skips the upcast
+        return False, ("kbit preparation leaves a GPTQ model as loaded: peft's prepare_model_for_kbit_training "
+                       "skips the fp32 upcast for GPTQ, so embeddings, norms and lm_head stay in the loaded dtype")
     if setting != "auto":
         return setting == "on", ""
     if model_dtype:

@@ -32,7 +32,8 @@ QUANTS = ("none", "int8", "nf4", "fp4", "mxfp4", "gptq", "awq")
 BNB_QUANTS = ("int8", "nf4", "fp4")   # bitsandbytes: nn.Linear replaced, weights dequantized per matmul
 # GPTQ and AWQ int4 checkpoints (transformers' GPTQ and AWQ quantizers): the decoder's nn.Linear
 # weights packed 8 per int32 with a scale and a zero per group of input rows (estimator.states
-# `int4_linear_bytes`); inference here (LoRA on such a base is not modelled yet)
+# `int4_linear_bytes`); inference, and LoRA on a GPTQ base (gptqmodel's trainable TorchLinear:
+# estimator.activations `int4_dequantized_weights`)
 INT4_QUANTS = ("gptq", "awq")
 # MXFP4 (transformers 5.23 quantizers/quantizer_mxfp4.py, integrations/mxfp4.py): GPT-OSS's fused experts
 # as shipped (4-bit blocks and an 8-bit scale per 32 elements), run by the triton matmul_ogs kernels
@@ -392,9 +393,7 @@ def _check_mxfp4(w: Workload) -> None:
 def _check_int4(w: Workload) -> None:
     name = w.quant.upper()
     if w.training:
-        raise InputError(f"{name} bases are modelled for inference: LoRA on {name} bases (peft's adapters on their "
-                         "QuantLinear, no fp32 upcast) is not modelled yet; use --method inference, or "
-                         "--method qlora for a bitsandbytes base")
+        _check_int4_training(w)
     if w.model.is_moe:
         raise InputError(f"{name} on a MoE model is not modelled: transformers 5's fused experts are not the "
                          "nn.Linear modules GPTQ/AWQ checkpoints quantize")
@@ -403,6 +402,30 @@ def _check_int4(w: Workload) -> None:
                          "pure text models)")
     if w.model.model_type == "gpt2":
         raise InputError(f"{name} quantizes nn.Linear: GPT-2's Conv1D layers are not modelled")
+
+
+def _check_int4_training(w: Workload) -> None:
+    """LoRA on a GPTQ base as peft 0.21.2 runs it (tuners/lora/gptq.py GPTQLoraLinear over gptqmodel's
+    QuantLinear). Training needs a trainable kernel (gptqmodel BaseQuantLinear.train refuses the others:
+    GPTQConfig(backend="auto_trainable") picks TritonV2Linear or TorchLinear, which dequantize in
+    every forward, estimator.activations `int4_dequantized_weights`); the rest is refused here."""
+    name = w.quant.upper()
+    if w.quant == "awq":
+        raise InputError("LoRA on AWQ bases is not modelled (gptqmodel's AwqGEMMLinear saves its input and "
+                         "repeats the dequantized weight per sequence in its backward); use --method inference, "
+                         "--quant gptq, or --method qlora for a bitsandbytes base")
+    if w.method != "lora":
+        raise InputError(f"a {name} base trains through LoRA adapters: use --method lora --quant {w.quant}")
+    if w.precision not in ("bf16", "fp16"):
+        raise InputError(f"a {name} model trains in the half dtype it loads in (gptqmodel TorchLinear "
+                         "SUPPORTS_DTYPES: fp16, bf16; fp32 or AMP's fp32 weights are not modelled): choose "
+                         "--precision bf16 or fp16")
+    for on, flag in ((w.zero, "--zero"), (w.fsdp != "none", "--fsdp"), (w.activation_offload, "--activation-offload"),
+                     (w.dora, "--dora"), (w.fp8, "--precision fp8"), (w.tp > 1 or w.pp > 1, "--tp/--pp")):
+        if on:
+            why = ("peft's GPTQLoraLinear refuses DoRA" if flag == "--dora"
+                   else "the saved dequantized weights and the packed buffers are not modelled there")
+            raise InputError(f"LoRA on a {name} base with {flag} is not modelled ({why})")
 
 
 def _check_dora(w: Workload) -> None:

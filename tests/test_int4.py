@@ -1,5 +1,6 @@
-"""GPTQ and AWQ int4 checkpoints for inference (`--quant gptq|awq`, estimator.states.int4_linear_bytes)
-against hand counts of their packed layouts, 4 bits with groups of 128 input rows:
+"""GPTQ and AWQ int4 checkpoints for inference (`--quant gptq|awq`, estimator.states.int4_linear_bytes),
+and LoRA on a GPTQ base (`--method lora --quant gptq`), against hand counts of their packed layouts,
+4 bits with groups of 128 input rows:
 - GPTQ (AutoGPTQ/GPTQModel QuantLinear): qweight int32 [in/8, out], qzeros int32 [in/128, out/8],
   scales fp16 [in/128, out], g_idx int32 [in];
 - AWQ (AutoAWQ WQLinear_GEMM): qweight int32 [in, out/8], qzeros and scales as GPTQ's, no g_idx.
@@ -11,6 +12,9 @@ Llama-3.1-8B (H = 4096, I = 14336, k/v 1024, V = 128256, 32 layers), per layer:
   down (14336 x 4096):     29,360,128 + 917,504 + 229,376 = 30,507,008 B
   sum 113,311,744 B (AWQ); GPTQ's g_idx 4 x (6 x 4096 + 14336) = 155,648 B more.
 Embeddings, lm_head (2 x 128256 x 4096) and norms (65 x 4096) stay bf16: 2,101,878,784 B.
+LoRA on GPTQ (gptqmodel's trainable TorchLinear dequantizes the whole weight, [in, out] in bf16, in every
+forward and its matmul saves it for the input's gradient): per layer q, o 16,777,216 + k, v 4,194,304 +
+gate, up, down 58,720,256 elements each = 218,103,808 elements, 436,207,616 B.
 """
 
 from __future__ import annotations
@@ -63,8 +67,90 @@ def _gpu():
     return tables.gpu("h100-80gb")
 
 
+LAYER_WEIGHT_ELEMENTS = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+QKV_ELEMENTS = 4096 * (4096 + 1024 + 1024)
+
+
+def _lora(quant: str = "gptq", **kw) -> Workload:
+    return Workload(model=LLAMA, method="lora", quant=quant, **kw).validate()
+
+
+def test_lora_on_gptq_holds_each_linears_dequantized_copy_to_the_backward():
+    """No checkpointing: every layer's copies, less the first layer's q, k and v, whose input (the
+    frozen embedding's normed output) needs no gradient, so their matmuls save nothing."""
+    from estimator import activations as act
+    from estimator.memory import components
+
+    assert LAYER_WEIGHT_ELEMENTS == 218_103_808 and QKV_ELEMENTS == 25_165_824
+    plain = components(Workload(model=LLAMA, method="lora", precision="bf16").validate())
+    gptq = components(_lora())
+    held = 2 * (32 * LAYER_WEIGHT_ELEMENTS - QKV_ELEMENTS)
+    assert held == 13_908_312_064
+    assert gptq.activations - plain.activations == held
+    assert act.layer_fixed_bytes(act.activation_key(_lora())) == held // 32
+    # the packed base and the bf16 rest, plus the default adapters (rank 16 on q and v, fp32)
+    adapters = 4 * 32 * 16 * ((4096 + 4096) + (4096 + 1024))
+    assert gptq.weights == 32 * (PER_LAYER_AWQ + 155_648) + REST + adapters
+    assert gptq.quant_workspace == 0     # the backward reads the saved copies: no scratch
+
+
+def test_checkpointing_keeps_the_recomputed_layers_copies_and_one_forward_scratch():
+    from estimator import activations as act
+    from estimator.memory import components
+
+    w = _lora(grad_ckpt=True)
+    assert act.layer_fixed_bytes(act.activation_key(w)) == 2 * LAYER_WEIGHT_ELEMENTS == 436_207_616
+    assert components(w).quant_workspace == 2 * 4096 * 14336
+
+
+def test_a_first_layer_with_no_adapter_before_down_proj_saves_only_down_projs_copy():
+    """LoRA on down_proj only: in the first layer nothing before down_proj's adapter needs a
+    gradient, so q, k, v, o, gate and up save nothing; down_proj's input (the MLP's product) does not
+    need one either (the adapter reads it, the base's matmul saves only for an input needing a gradient)."""
+    from estimator import activations as act
+
+    w = _lora(lora_targets=("down_proj",))
+    gradless = QKV_ELEMENTS + 4096 * 4096 + 2 * 4096 * 14336 + 14336 * 4096
+    assert act.layer_fixed_bytes(act.activation_key(w)) == 2 * (32 * LAYER_WEIGHT_ELEMENTS - gradless) // 32
+
+
+def test_kbit_preparation_leaves_a_gptq_model_as_loaded():
+    from estimator.memory import components
+
+    on, off = (components(_lora(kbit_prep=s)) for s in ("on", "off"))
+    assert on.weights == off.weights and on.activations == off.activations
+    notes = estimate(_lora(kbit_prep="on"), "h100-80gb", "none").regime_notes
+    assert any("skips the fp32 upcast for GPTQ" in n for n in notes)
+    assert any("saves that half copy" in n for n in notes)
+
+
+def test_lora_on_gptq_dequantizes_once_per_forward():
+    """The forward dequantizes (reads the packed linears, writes bf16 copies); the backward reuses
+    the saved copies; a checkpointed step's recomputation dequantizes once more."""
+    from estimator.compute_time import bandwidth, compute_parts
+
+    per_use = 32 * (PER_LAYER_AWQ + 155_648) + 2 * 32 * LAYER_WEIGHT_ELEMENTS
+    one = compute_parts(_lora(), _gpu(), 0.5).dequant_s
+    assert one == pytest.approx(per_use / bandwidth(_gpu()), rel=1e-12)
+    assert compute_parts(_lora(grad_ckpt=True), _gpu(), 0.5).dequant_s == pytest.approx(2 * one, rel=1e-12)
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(quant="awq"), "LoRA on AWQ bases"),
+    (dict(precision="amp-bf16"), "--precision bf16 or fp16"),
+    (dict(precision="fp32"), "--precision bf16 or fp16"),
+    (dict(zero=2, gpus=2), "--zero"),
+    (dict(fsdp="full", gpus=2), "--fsdp"),
+    (dict(dora=True), "refuses DoRA"),
+    (dict(activation_offload=True), "--activation-offload"),
+])
+def test_lora_on_int4_refuses_what_it_does_not_model(kw, words):
+    with pytest.raises(InputError, match=words):
+        _lora(**{"precision": "bf16", **kw})
+
+
 @pytest.mark.parametrize("model,kw,words", [
-    ("llama-3.1-8b", dict(method="lora"), "LoRA on GPTQ bases"),
+    ("llama-3.1-8b", dict(method="full"), "trains through LoRA adapters"),
     ("qwen1.5-moe-a2.7b", dict(method="inference"), "MoE"),
     ("qwen2.5-vl-7b", dict(method="inference"), "vision-language"),
     ("gpt2", dict(method="inference"), "Conv1D"),
@@ -94,7 +180,7 @@ def test_a_checkpoints_quantization_config_reads_as_its_quant(method):
 
 
 @pytest.mark.parametrize("args,words", [
-    (("--quant", "gptq", "--method", "lora"), "LoRA on GPTQ bases"),
+    (("--quant", "awq", "--method", "lora"), "LoRA on AWQ bases"),
     (("--quant", "awq", "--model", "qwen1.5-moe-a2.7b"), "MoE"),
     (("--train-vision", "--method", "full"), "no vision tower"),
     (("--loss", "chunked", "--method", "lora", "--model", "gemma-2-2b", "--attn", "eager"), "--loss chunked"),

@@ -118,7 +118,7 @@ INVALID = {
     "optimizer": dict(optimizer="lion"),
     "adamw_impl": dict(adamw_impl="apex"),
     "attn": dict(attn="xformers"),
-    "quant": dict(method="lora", quant="gptq"),
+    "quant": dict(method="lora", quant="awq"),
     "offload": dict(zero=3, offload="nvme"),
     "zero": dict(zero=4),
     "lora target unknown": dict(method="lora", lora_targets=("bogus",)),
