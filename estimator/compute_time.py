@@ -376,9 +376,19 @@ def dequant_bytes_per_use(w: Workload) -> float:
     quantized = p.linear_weights - p.expert_weights     # bnb replaces nn.Linear only
     if w.quant in INT4_QUANTS:
         packed = sum(lin.count * int4_linear_bytes(w.quant, lin.d_in, lin.d_out) for lin in p.linears)
-        return (packed + quantized * w.activation_dtype_bytes) / (w.tp * w.pp)
+        return (packed + quantized * gptq_torch_dequant_bytes_per_element(w.activation_dtype_bytes)) / (w.tp * w.pp)
     packed = 0.5 + 1.0 / 64 if w.quant in ("nf4", "fp4") else 1.0
     return quantized * (packed + w.activation_dtype_bytes) / (w.tp * w.pp)
+
+
+def gptq_torch_dequant_bytes_per_element(half: int) -> int:
+    """Bytes gptqmodel's TorchLinear moves per weight element when it dequantizes in training mode
+    (estimator.memory `gptq_training_dequant_scratch` names the tensors), besides reading the packed
+    weights: the shift writes int32 (4); the int8 cast reads it and writes (4 + 1); the mask reads and
+    writes int8 (1 + 1); the zeros' gather writes int8 (1); the difference reads two int8 and writes
+    one (3); the scales' gather writes half (`half`); the product reads half and int8 and writes half
+    (2 x half + 1)."""
+    return 4 + (4 + 1) + (1 + 1) + 1 + 3 + half + (2 * half + 1)
 
 
 def dequant_uses(w: Workload, training: bool) -> float:

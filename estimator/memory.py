@@ -730,12 +730,27 @@ def _quant_workspace(w: Workload, params: ParamCounts) -> float:
     """bitsandbytes dequantizes one weight to the compute dtype per matmul (MXFP4's matmul_ogs reads
     the packed experts directly). GPTQ/AWQ: the kernels that dequantize for a large input (ExLlamaV2's
     `temp_dq` scratch, AutoAWQ's dequantize-then-matmul above its row threshold) hold the widest
-    linear in fp16; Marlin needs none, so this is the upper bound the estimate keeps. LoRA on GPTQ
-    without checkpointing: each forward's dequantized weight is the copy its matmul saves
-    (estimator.activations `int4_dequantized_weights`), and the backward reads those: no scratch."""
-    if w.quant not in BNB_QUANTS + INT4_QUANTS or (w.quant in INT4_QUANTS and w.training and not w.grad_ckpt):
+    linear in fp16; Marlin needs none, so this is the upper bound the estimate keeps. LoRA on GPTQ:
+    the trainable kernel's torch dequantization of the widest linear (`gptq_training_dequant_scratch`)."""
+    if w.quant not in BNB_QUANTS + INT4_QUANTS:
         return 0.0
-    return 2 * max(lin.d_in * lin.d_out for lin in params.linears) / w.tp
+    widest = max(lin.d_in * lin.d_out for lin in params.linears)
+    if w.quant in INT4_QUANTS and w.training:
+        return gptq_training_dequant_scratch(w, widest)
+    return 2 * widest / w.tp
+
+
+def gptq_training_dequant_scratch(w: Workload, elements: int) -> float:
+    """Bytes above the saved copy while gptqmodel's TorchLinear dequantizes a linear of `elements`
+    weights in training mode (its Triton dequantization is for eval only, `_can_use_triton_dequant`;
+    ModelCloud/GPTQModel f4c327a1 gptqmodel/nn_modules/qlinear/__init__.py `dequantize_weight`,
+    `_dequantize_from_codes`): the codes shifted out of the int32 words (int32, 4 B per element) and
+    cast to int8 (1 B), then, at the product `scales[g_idx] * (codes - zeros[g_idx])`, the int8 codes
+    (1 B), the gathered half scales (2 B) and the int8 difference (1 B) beside the half result (2 B):
+    5 B before the result exists, 6 B with it. Without checkpointing the result is the copy the matmul
+    saves (estimator.activations `int4_dequantized_weights`), so 4 B above it; with checkpointing the
+    forward frees it again, so 6 B."""
+    return (6 if w.grad_ckpt else 4) * elements / w.tp
 
 
 def components(w: Workload) -> Components:
