@@ -96,6 +96,20 @@ def test_lora_on_gptq_holds_each_linears_dequantized_copy_to_the_backward():
     assert gptq.quant_workspace == 4 * 4096 * 14336
 
 
+def test_torchs_matmul_saves_only_the_weight_when_only_the_input_needs_a_gradient():
+    """The premise of `int4_dequantized_weights`, with torch as the oracle: TorchLinear's
+    `torch.matmul(x.reshape(-1, in), weights)` with a dequantized weight that needs no gradient keeps
+    the [in, out] weight for the input's gradient and not the input."""
+    import torch
+
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    weights = torch.randn(8, 16, dtype=torch.float32)
+    out = torch.matmul(x.reshape(-1, 8), weights)
+    saved = out.grad_fn._saved_mat2
+    assert saved.data_ptr() == weights.data_ptr() and tuple(saved.shape) == (8, 16)
+    assert out.grad_fn._saved_self is None
+
+
 def test_checkpointing_keeps_the_recomputed_layers_copies_and_the_forwards_scratch():
     from estimator import activations as act
     from estimator.memory import components
