@@ -36,12 +36,14 @@ VERDICTS = ("fits", "tight", "does not fit")
 
 
 def exact_bytes(memory: MemoryBreakdown) -> int:
-    """The bytes of a peak the estimator counts exactly: model states of known size, and the cuBLAS
-    workspaces of the GPU."""
+    """The bytes of a peak the estimator counts exactly: model states of known size, the cuBLAS
+    workspaces of the GPU, and in the forward/backward the saved copies of weights (GPTQ LoRA)."""
     exact = (memory.weights_bytes + memory.optimizer_states_bytes + memory.master_weights_bytes
              + memory.zero_buffers_bytes + memory.kv_cache_bytes + memory.blas_workspace_bytes)
     if memory.peak_phase == "optimizer step":     # every gradient exists then, of known size
         exact += memory.gradients_bytes
+    else:                                          # saved weight copies (GPTQ LoRA), of known size
+        exact += memory.weight_copies_bytes
     return exact
 
 

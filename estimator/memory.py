@@ -96,6 +96,9 @@ class MemoryBreakdown:
     # saved activations the estimate puts in host memory (--activation-offload): how many TRL keeps on
     # the device is uncertain (estimator.bounds counts them in the bound's uncertain part)
     offloaded_activations_bytes: int = 0
+    # the part of activations_bytes that is saved copies of weights (LoRA on GPTQ: the dequantized
+    # linears), exact bytes the calibration does not scale (Components.weight_copies)
+    weight_copies_bytes: int = 0
     # inference: the peak allocated of the decode alone (persistent states, the whole cache and a
     # decode step's transient, without the prefill's working set), what a measurement taken over the
     # decode sees; None in training
@@ -131,6 +134,16 @@ class Components(NamedTuple):
     kv_generated: float = 0.0       # inference: the part of kv_cache the decode adds after the prefill
     blas_workspace: float = 0.0     # cuBLAS workspaces (`blas_workspace_bytes`: needs the GPU)
     offloaded_activations: float = 0.0   # saved activations put in host memory (--activation-offload)
+    # the part of `activations` that is saved copies of weights (LoRA on GPTQ: the dequantized
+    # linears, estimator.activations `int4_dequantized_weights`): exact bytes, which the calibrated
+    # activation scale (measured / formula activations) leaves alone (`scaled_activations`)
+    weight_copies: float = 0.0
+
+
+def scaled_activations(parts: Components) -> float:
+    """The part of `parts.activations` the calibrated activation scale multiplies: all of it but
+    the saved weight copies."""
+    return parts.activations - parts.weight_copies
 
 
 class Corrections(NamedTuple):
@@ -158,16 +171,20 @@ def working_sets(parts: Components, activation_scale: float = 1.0, logits_scale:
     if parts.training:
         persistent = (parts.weights + parts.optimizer_states + parts.master_weights + parts.zero_buffers
                       + parts.blas_workspace)
-        first = (parts.activations * activation_scale + parts.logits_and_loss * logits_scale
+        first = (_activations(parts, activation_scale) + parts.logits_and_loss * logits_scale
                  + parts.autocast_weight_cache + parts.quant_workspace + parts.accumulated_gradients)
         second = parts.gradients + parts.optimizer_temporaries * temporaries_scale
     else:
         # the prompt's cache: the generated tokens' part exists in the decode only
         persistent = parts.weights + parts.kv_cache - parts.kv_generated + parts.blas_workspace
-        first = parts.activations * activation_scale
+        first = _activations(parts, activation_scale)
         # a dequantized weight lives only in its matmul
         second = parts.kv_generated + parts.kv_growth + parts.quant_workspace
     return persistent, first, second
+
+
+def _activations(parts: Components, activation_scale: float) -> float:
+    return scaled_activations(parts) * activation_scale + parts.weight_copies
 
 
 def round_up(n_bytes: float, granule_bytes: int = ALLOC_GRANULE_BYTES) -> int:
@@ -195,7 +212,7 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
     return MemoryBreakdown(
         weights_bytes=int(parts.weights), gradients_bytes=int(parts.gradients),
         optimizer_states_bytes=int(parts.optimizer_states), master_weights_bytes=int(parts.master_weights),
-        activations_bytes=int(parts.activations * corrections.activation_scale),
+        activations_bytes=int(_activations(parts, corrections.activation_scale)),
         logits_and_loss_bytes=int(parts.logits_and_loss * corrections.logits_scale),
         kv_cache_bytes=int(parts.kv_cache),
         optimizer_temporaries_bytes=int(parts.optimizer_temporaries * corrections.optimizer_temporaries_scale),
@@ -207,7 +224,7 @@ def assemble(parts: Components, corrections: Corrections) -> MemoryBreakdown:
         device_used_bytes=int(device_used), host_bytes=int(parts.host), peak_phase=phase,
         blas_workspace_bytes=int(parts.blas_workspace),
         offloaded_activations_bytes=int(parts.offloaded_activations),
-        decode_peak_allocated_bytes=decode,
+        weight_copies_bytes=int(parts.weight_copies), decode_peak_allocated_bytes=decode,
     )
 
 
@@ -781,6 +798,10 @@ def components(w: Workload) -> Components:
         untied = 2 * fp8.te_untied_head_elements(spec)
         weights, gradients = weights + untied + fp8.te_scaling_state_bytes(spec), gradients + untied
     acts, casts = forward_backward.activations, forward_backward.casts
+    # GPTQ's saved dequantized copies: every layer's on this GPU, or with checkpointing the
+    # recomputed layer's, as far as the peak's moment holds them
+    copies = act.int4_dequantized_weights(_activation_key(w))
+    copies = min(acts, copies * (1 if w.grad_ckpt else sizes.layers))
     # fp8 and bitsandbytes never go together; the casts' moment has freed the lm_head input and final
     # norm, so the components add up to that moment: the casts less what was freed, at most
     quant_workspace += min(forward_backward.fp8_casts, max(0.0, forward_backward.total - acts - casts))
@@ -801,7 +822,7 @@ def components(w: Workload) -> Components:
         logits_and_loss=logits,
         optimizer_temporaries=temps, autocast_weight_cache=casts, quant_workspace=quant_workspace,
         accumulated_gradients=accumulated, kv_cache=0, kv_growth=0,
-        offloaded_activations=forward_backward.offloaded)
+        offloaded_activations=forward_backward.offloaded, weight_copies=copies)
 
 
 def estimate_memory(w: Workload, reserve_fraction: float, context_bytes: int) -> MemoryBreakdown:

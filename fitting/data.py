@@ -42,7 +42,7 @@ from estimator.api import estimate
 from estimator.calibration import TRACE_GPU, TRACE_PREDICTION_GPU
 from estimator.errors import InputError
 from estimator.compute_time import hfu_terms
-from estimator.memory import working_sets
+from estimator.memory import scaled_activations, working_sets
 from estimator.api import DEFAULT_INTER_NODE
 from estimator.timing import backward_share, communication, decode_floor_seconds, decode_parts, launch_floor_seconds
 from estimator.params import count_params
@@ -235,7 +235,7 @@ def _features(w: Workload, gpu_slug: str, row, cpu_trace: bool = False) -> dict:
         "raw_peak_reserved_bytes": float(m.peak_reserved_bytes),
         "raw_device_used_bytes": float(m.device_used_bytes),
         "raw_context_bytes": float(m.cuda_context_bytes), "raw_step_s": t.step_s,
-        "acts": float(parts.activations), "logits": float(parts.logits_and_loss),
+        "acts": float(scaled_activations(parts)), "logits": float(parts.logits_and_loss),
         "temps": float(parts.optimizer_temporaries), "paged": float(m.paged_optimizer_bytes),
         "persistent": float(persistent), "fwd": float(first), "step": float(second),
         "peak_flops": peak_flops(gpu, w), "exposed_comm_s": t.exposed_comm_s,

@@ -110,6 +110,29 @@ def test_torchs_matmul_saves_only_the_weight_when_only_the_input_needs_a_gradien
     assert out.grad_fn._saved_self is None
 
 
+def test_a_calibrated_activation_scale_leaves_the_dequantized_copies_alone():
+    """The scale corrects the activation formulas (measured / formula); the copies are weights,
+    exact bytes: activations = copies + scale x the rest."""
+    from estimator.calibration import NONE, memory_corrections
+    from estimator.memory import assemble, components
+
+    w = _lora()
+    parts = components(w)
+    held = 2 * (32 * LAYER_WEIGHT_ELEMENTS - QKV_ELEMENTS)
+    assert parts.weight_copies == held
+    corrections = memory_corrections(NONE, w)[0]._replace(activation_scale=2.0)
+    assert assemble(parts, corrections).activations_bytes == int(held + 2 * (parts.activations - held))
+
+
+def test_the_safe_bound_counts_the_copies_as_exact():
+    from estimator.bounds import exact_bytes
+
+    m = estimate(_lora(), "h100-80gb", "none").memory
+    assert m.peak_phase == "forward/backward" and m.weight_copies_bytes == 2 * (32 * LAYER_WEIGHT_ELEMENTS - QKV_ELEMENTS)
+    assert exact_bytes(m) == (m.weights_bytes + m.optimizer_states_bytes + m.blas_workspace_bytes
+                              + m.weight_copies_bytes)
+
+
 def test_checkpointing_keeps_the_recomputed_layers_copies_and_the_forwards_scratch():
     from estimator import activations as act
     from estimator.memory import components
