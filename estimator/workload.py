@@ -417,9 +417,10 @@ def _check_int4_training(w: Workload) -> None:
     if w.method != "lora":
         raise InputError(f"a {name} base trains through LoRA adapters: use --method lora --quant {w.quant}")
     if w.precision not in ("bf16", "fp16"):
-        raise InputError(f"a {name} model trains in the half dtype it loads in (gptqmodel TorchLinear "
-                         "SUPPORTS_DTYPES: fp16, bf16; fp32 or AMP's fp32 weights are not modelled): choose "
-                         "--precision bf16 or fp16")
+        raise InputError(f"a {name} model trains in the half dtype it loads in (transformers 5 loads the "
+                         "checkpoint's dtype; gptqmodel's kernels take fp16 or bf16), so TrainingArguments fp16=True "
+                         "or bf16=True runs it in that dtype: choose --precision fp16 or bf16 (fp32 weights are not "
+                         "modelled)")
     for on, flag in ((w.zero, "--zero"), (w.fsdp != "none", "--fsdp"), (w.activation_offload, "--activation-offload"),
                      (w.dora, "--dora"), (w.fp8, "--precision fp8"), (w.tp > 1 or w.pp > 1, "--tp/--pp")):
         if on:

@@ -179,8 +179,8 @@ def test_lora_on_gptq_dequantizes_once_per_forward():
 
 @pytest.mark.parametrize("kw,words", [
     (dict(quant="awq"), "LoRA on AWQ bases"),
-    (dict(precision="amp-bf16"), "--precision bf16 or fp16"),
-    (dict(precision="fp32"), "--precision bf16 or fp16"),
+    (dict(precision="amp-bf16"), "--precision fp16 or bf16"),
+    (dict(precision="fp32"), "--precision fp16 or bf16"),
     (dict(zero=2, gpus=2), "--zero"),
     (dict(fsdp="full", gpus=2), "--fsdp"),
     (dict(dora=True), "refuses DoRA"),
