@@ -12,7 +12,9 @@ is adjusted for what differs from the counted setup: LoRA adapters beyond (or sh
 counted (peft's per-module path is the same code in every family: the `*` lora-adapter rows), and
 autocast's casts per decoder linear (the `*` autocast-linear rows). QLoRA dispatches what LoRA
 does: bitsandbytes 0.50's MatMul4Bit.forward is a view and one fused gemm_4bit operator
-(bitsandbytes/autograd/_functions.py), no more than the linear it replaces. A model type that was
+(bitsandbytes/autograd/_functions.py), no more than the linear it replaces. LoRA on GPTQ adds
+TorchLinear's torch dequantization per quantized linear in each forward and recomputation
+(time_constants.csv gptq_training_ops_per_linear, scripts/check_gptq_lora.py --ops). A model type that was
 not counted takes Llama's counts (`counted_type` says which).
 """
 
@@ -21,9 +23,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 from estimator import tables
+from estimator.defaults import time_constant
 from estimator.errors import InputError
 from estimator.lora_targets import matched
-from estimator.workload import Workload
+from estimator.params import count_params
+from estimator.workload import INT4_QUANTS, Workload
 
 FALLBACK_TYPE = "llama"
 
@@ -38,6 +42,11 @@ def _adapters(spec, targets: tuple[str, ...]) -> int | None:
         return len(matched(spec, targets))
     except InputError:
         return None
+
+
+def _quantized_linears(spec) -> int:
+    """The decoder's nn.Linear modules a GPTQ checkpoint quantizes (every layer's)."""
+    return sum(lin.count for lin in count_params(spec).linears if not lin.expert)
 
 
 @lru_cache(maxsize=4096)
@@ -66,5 +75,8 @@ def micro_batch_ops(w: Workload) -> float:
         if w.amp:
             linears = _adapters(spec, ("all-linear",)) or 0
             n += linears * table[("*", "autocast-linear", w.grad_ckpt, phase)].per_layer / w.pp
+        if w.quant in INT4_QUANTS and (phase == "forward" or w.grad_ckpt):
+            # LoRA on GPTQ: TorchLinear's torch dequantization in each forward and recomputation
+            n += _quantized_linears(spec) * time_constant("gptq_training_ops_per_linear") / w.pp
         total += n
     return max(total, 0.0)

@@ -177,6 +177,16 @@ def test_lora_on_gptq_dequantizes_once_per_forward():
     assert compute_parts(_lora(grad_ckpt=True), _gpu(), 0.5).dequant_s == pytest.approx(2 * one, rel=1e-12)
 
 
+def test_lora_on_gptq_dispatches_torchlinears_dequantization_per_forward():
+    """19 aten operators per quantized linear (scripts/check_gptq_lora.py --ops counted them on
+    gptqmodel 7.7.0) in each forward and each recomputation: 32 layers x 7 linears."""
+    from estimator.ops import micro_batch_ops
+
+    for ckpt, forwards in ((False, 1), (True, 2)):
+        plain = micro_batch_ops(Workload(model=LLAMA, method="lora", precision="bf16", grad_ckpt=ckpt).validate())
+        assert micro_batch_ops(_lora(grad_ckpt=ckpt)) - plain == forwards * 32 * 7 * 19
+
+
 @pytest.mark.parametrize("kw,words", [
     (dict(quant="awq"), "LoRA on AWQ bases"),
     (dict(precision="amp-bf16"), "--precision fp16 or bf16"),

@@ -1,0 +1,147 @@
+"""Check LoRA on a GPTQ base (estimator.activations `int4_dequantized_weights`) against gptqmodel's own
+TorchLinear, the kernel a CUDA training load runs (needs gptqmodel and optimum, which the project
+does not pin: gptqmodel 7.x asks for torch >= 2.14.1, so install it beside the project, not in it).
+
+A tiny Llama in bf16, its decoder linears converted by optimum's GPTQQuantizer (4 bits, group 128)
+with a named gptqmodel backend, LoRA by peft on the given targets, one forward + backward on CPU:
+the bytes of the distinct storages autograd saves (saved_tensors_hooks, parameters and buffers
+excluded) against the same model without GPTQ. The difference is the dequantized copies, which the
+estimator counts as `num_layers x int4_dequantized_weights`:
+
+    pip install --no-deps --no-build-isolation --target /tmp/gq gptqmodel optimum  # + its imports
+    PYTHONPATH=/tmp/gq python scripts/check_gptq_lora.py --targets q_proj,v_proj
+
+2026-11-28, torch 2.13.0+cpu, transformers 5.23.0, peft 0.21.2, gptqmodel 7.7.0, optimum (PyPI,
+same day), backend "torch" (TorchLinear) and "auto_trainable" (on CPU: TorchAtenLinear), H 256,
+I 512, 3 layers, batch 2 x 64: the difference equals the estimate but for the per-layer mean's
+rounding (under 1 B per layer): q_proj,v_proj 3,276,800 B (every layer's copies but the first
+layer's q, k and v; estimate 3 x 1,092,266 = 3,276,798 B), the same on all seven projections;
+down_proj 2,359,296 B (the first layer saves none); o_proj 3,145,728 B (the first layer's gate, up
+and down only); with checkpointing the forward keeps none (0 B; the recomputation's are the
+estimate's top layer). `--ops`: 19 aten operators more per quantized linear in the forward
+(and in a checkpointed layer's recomputation), none in the backward (estimator/data/time_constants.csv
+gptq_training_ops_per_linear).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# the repository root replaces scripts/ (whose profile.py would shadow the standard library's)
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+H, I, LAYERS, VOCAB = 256, 512, 3, 1000
+CONFIG = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=H, intermediate_size=I,
+              num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+              max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-5, hidden_act="silu")
+
+
+def build(gptq: bool, targets: list[str], backend: str, ckpt: bool):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).to(torch.bfloat16)
+    if gptq:
+        from optimum.gptq import GPTQQuantizer
+
+        quantizer = GPTQQuantizer(bits=4, group_size=128, desc_act=False, sym=True, backend=backend)
+        model = quantizer.post_init_model(quantizer.convert_model(model, device_map={"": "cpu"}))
+    model = get_peft_model(model, LoraConfig(r=8, target_modules=targets, lora_dropout=0.0))
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def saved_bytes(gptq: bool, targets: list[str], backend: str, ckpt: bool, batch: int, seq: int) -> int:
+    import torch
+
+    model = build(gptq, targets, backend, ckpt)
+    owned = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    ids = torch.randint(0, VOCAB, (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return sum(n for ptr, n in seen.items() if ptr not in owned)
+
+
+def ops(gptq: bool, targets: list[str], backend: str, ckpt: bool) -> dict[str, int]:
+    """aten operators of the second step (the first builds lazy state), by phase, as
+    profiler/opcount.py counts them."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = {"forward": 0, "backward": 0}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops["backward" if torch._C._current_graph_task_id() != -1 else "forward"] += 1
+            return func(*args, **(kwargs or {}))
+
+    model = build(gptq, targets, backend, ckpt)
+    ids = torch.randint(0, VOCAB, (1, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    counter = Count()
+    with counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return counter.ops
+
+
+def estimated(targets: list[str], ckpt: bool, batch: int, seq: int) -> int:
+    from estimator import activations as act
+    from estimator.model import spec_from_config
+    from estimator.workload import Workload
+
+    spec = spec_from_config(CONFIG, "tiny-llama")
+    w = Workload(model=spec, method="lora", quant="gptq", precision="bf16", lora_targets=tuple(targets),
+                 lora_rank=8, grad_ckpt=ckpt, batch=batch, seq=seq).validate()
+    return 0 if ckpt else spec.num_layers * act.int4_dequantized_weights(act.activation_key(w))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--targets", default="q_proj,v_proj", help="LoRA target module names, comma-separated")
+    p.add_argument("--backend", default="torch", help="gptqmodel backend (torch: TorchLinear, CUDA's)")
+    p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument("--ops", action="store_true", help="count the operators per quantized linear instead")
+    args = p.parse_args()
+    try:
+        import gptqmodel  # noqa: F401
+        import optimum.gptq  # noqa: F401
+    except ImportError as e:
+        print(f"check_gptq_lora.py: needs gptqmodel and optimum ({e}); see the docstring", file=sys.stderr)
+        return 2
+    targets = args.targets.split(",")
+    if args.ops:
+        from estimator.defaults import time_constant
+
+        plain, gptq = (ops(g, targets, args.backend, args.grad_ckpt) for g in (False, True))
+        linears = 7 * LAYERS
+        per = {k: (gptq[k] - plain[k]) / linears for k in plain}
+        want = time_constant("gptq_training_ops_per_linear")
+        print(f"operators per quantized linear (checkpointing {args.grad_ckpt}): forward {per['forward']:g}, "
+              f"backward {per['backward']:g}; time_constants.csv gptq_training_ops_per_linear {want:g}")
+        return 0 if per == {"forward": want, "backward": want if args.grad_ckpt else 0.0} else 1
+    plain = saved_bytes(False, targets, args.backend, args.grad_ckpt, 2, 64)
+    gptq = saved_bytes(True, targets, args.backend, args.grad_ckpt, 2, 64)
+    estimate = estimated(targets, args.grad_ckpt, 2, 64)
+    print(f"targets {args.targets} backend {args.backend} checkpointing {args.grad_ckpt}: saved {plain:,} B "
+          f"without GPTQ, {gptq:,} B with; difference {gptq - plain:,} B, estimate {estimate:,} B")
+    return 0 if 0 <= gptq - plain - estimate < LAYERS else 1   # the per-layer mean rounds down
+
+
+if __name__ == "__main__":
+    sys.exit(main())
