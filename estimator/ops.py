@@ -44,9 +44,20 @@ def _adapters(spec, targets: tuple[str, ...]) -> int | None:
         return None
 
 
-def _quantized_linears(spec) -> int:
-    """The decoder's nn.Linear modules a GPTQ checkpoint quantizes (every layer's)."""
-    return sum(lin.count for lin in count_params(spec).linears if not lin.expert)
+def _gptq_ops(spec, phase: str, grad_ckpt: bool) -> float:
+    """LoRA on GPTQ: operators TorchLinear adds over nn.Linear in one phase (time_constants.csv
+    gptq_training_*): its torch dequantization and separate bias add in each forward and each
+    recomputation (checkpointing runs it in the backward), the bias add's backward."""
+    linears = [lin for lin in count_params(spec).linears if not lin.expert]
+    count = sum(lin.count for lin in linears)
+    biased = sum(lin.count for lin in linears if lin.bias)
+    dequant = count * time_constant("gptq_training_ops_per_linear")
+    if phase == "forward":
+        return dequant + biased * time_constant("gptq_training_ops_per_bias")
+    backward = biased * time_constant("gptq_training_backward_ops_per_bias")
+    if grad_ckpt:
+        backward += dequant + biased * time_constant("gptq_training_recompute_ops_per_bias")
+    return backward
 
 
 @lru_cache(maxsize=4096)
@@ -75,8 +86,7 @@ def micro_batch_ops(w: Workload) -> float:
         if w.amp:
             linears = _adapters(spec, ("all-linear",)) or 0
             n += linears * table[("*", "autocast-linear", w.grad_ckpt, phase)].per_layer / w.pp
-        if w.quant in INT4_QUANTS and (phase == "forward" or w.grad_ckpt):
-            # LoRA on GPTQ: TorchLinear's torch dequantization in each forward and recomputation
-            n += _quantized_linears(spec) * time_constant("gptq_training_ops_per_linear") / w.pp
+        if w.quant in INT4_QUANTS:
+            n += _gptq_ops(spec, phase, w.grad_ckpt) / w.pp
         total += n
     return max(total, 0.0)

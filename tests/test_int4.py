@@ -179,12 +179,21 @@ def test_lora_on_gptq_dequantizes_once_per_forward():
 
 def test_lora_on_gptq_dispatches_torchlinears_dequantization_per_forward():
     """19 aten operators per quantized linear (scripts/check_gptq_lora.py --ops counted them on
-    gptqmodel 7.7.0) in each forward and each recomputation: 32 layers x 7 linears."""
+    gptqmodel 7.7.0) in each forward and each recomputation: Llama's 32 layers x 7 linears."""
     from estimator.ops import micro_batch_ops
 
     for ckpt, forwards in ((False, 1), (True, 2)):
         plain = micro_batch_ops(Workload(model=LLAMA, method="lora", precision="bf16", grad_ckpt=ckpt).validate())
         assert micro_batch_ops(_lora(grad_ckpt=ckpt)) - plain == forwards * 32 * 7 * 19
+    # Qwen2.5-7B's biased q, k and v (28 layers): TorchLinear adds the bias after its matmul, 2 more
+    # operators in the forward, 6 in the backward, 5 in a recomputation (check_gptq_lora.py --family qwen2)
+    qwen = load_spec("qwen2.5-7b-instruct")
+    for ckpt, extra in ((False, 28 * (7 * 19 + 3 * 2) + 28 * 3 * 6),
+                        (True, 28 * (7 * 19 + 3 * 2) + 28 * 3 * 6 + 28 * (7 * 19 + 3 * 5))):
+        plain = micro_batch_ops(Workload(model=qwen, method="lora", precision="bf16", grad_ckpt=ckpt).validate())
+        gptq = micro_batch_ops(Workload(model=qwen, method="lora", quant="gptq", precision="bf16",
+                                        grad_ckpt=ckpt).validate())
+        assert gptq - plain == extra
 
 
 @pytest.mark.parametrize("kw,words", [
