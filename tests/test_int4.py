@@ -196,6 +196,23 @@ def test_lora_on_gptq_dispatches_torchlinears_dequantization_per_forward():
         assert gptq - plain == extra
 
 
+def test_the_gptqmodel_check_says_what_it_needs_in_one_line():
+    """scripts/check_gptq_lora.py runs gptqmodel's own code, which the project does not pin (it asks
+    for a newer torch): without it, one line and exit 2."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("gptqmodel") is not None:
+        pytest.skip("gptqmodel is installed here: the check runs instead")
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "scripts" / "check_gptq_lora.py")], capture_output=True,
+                         text=True, cwd=root, timeout=120)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and "needs gptqmodel and optimum" in lines[0]
+
+
 @pytest.mark.parametrize("kw,words", [
     (dict(quant="awq"), "LoRA on AWQ bases"),
     (dict(precision="amp-bf16"), "--precision fp16 or bf16"),
