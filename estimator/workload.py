@@ -123,7 +123,8 @@ class Workload:
     attn: str = field(default="sdpa", metadata=dict(help="attention implementation", choices=ATTENTIONS))
     quant: str = field(default="none", metadata=dict(
         help="quantized weights: bitsandbytes int8/nf4/fp4 (default: nf4 with --method qlora, else none), "
-             "GPT-OSS's MXFP4 experts as shipped, or a GPTQ/AWQ int4 checkpoint (4 bits, group 128; inference)",
+             "GPT-OSS's MXFP4 experts as shipped, or a GPTQ/AWQ int4 checkpoint (4 bits, group 128; inference, "
+             "and LoRA on GPTQ with --method lora)",
         choices=QUANTS))
     double_quant: bool = field(default=True, metadata=dict(help="QLoRA without double quantization"))
     gpus: int = field(default=1, metadata=dict(help="GPUs per node", metavar="N"))
