@@ -657,10 +657,10 @@ def layer_fixed_bytes(key: ActivationKey) -> int:
     torch.nn.utils.parametrize, in the parameter's dtype), which the grouped_mm saves, and the
     half-precision casts of fp32 adapters the delta's matmul saves."""
     fixed = round(3 * key.adapter_bytes * key.dora[0]) if key.dora else 0
-    return fixed + _router_weight_cast(key) + _expert_delta_weights(key) + int4_dequantized_weights(key)
+    return fixed + _router_weight_cast(key) + _expert_delta_weights(key) + int4_dequantized_bytes_per_layer(key)
 
 
-def int4_dequantized_weights(key: ActivationKey) -> int:
+def int4_dequantized_bytes_per_layer(key: ActivationKey) -> int:
     """LoRA on a GPTQ base: the dequantized copies of the quantized linears' weights saved for the
     backward, mean bytes per decoder layer. Training runs gptqmodel's trainable kernels (GPTQConfig
     backend "auto_trainable": TritonV2Linear, whose training forward is TorchLinear's, or TorchLinear;
@@ -673,7 +673,7 @@ def int4_dequantized_weights(key: ActivationKey) -> int:
     if key.quant != "gptq" or not key.training:
         return 0
     spec = key.model
-    linears = [lin for lin in count_params(spec).linears if not lin.expert]
+    linears = count_params(spec).dense_linears
     total = sum(lin.weight_params for lin in linears)
     first = 0 if key.grad_ckpt else sum(lin.d_in * lin.d_out for lin in linears
                                         if lin.role in _first_layer_gradless_inputs(key))

@@ -375,7 +375,7 @@ def dequant_bytes_per_use(w: Workload) -> float:
     p = count_params(w.model)
     quantized = p.linear_weights - p.expert_weights     # bnb replaces nn.Linear only
     if w.quant in INT4_QUANTS:
-        packed = sum(lin.count * int4_linear_bytes(w.quant, lin.d_in, lin.d_out) for lin in p.linears)
+        packed = sum(lin.count * int4_linear_bytes(w.quant, lin.d_in, lin.d_out) for lin in p.dense_linears)
         return (packed + quantized * gptq_torch_dequant_bytes_per_element(w.activation_dtype_bytes)) / (w.tp * w.pp)
     packed = 0.5 + 1.0 / 64 if w.quant in ("nf4", "fp4") else 1.0
     return quantized * (packed + w.activation_dtype_bytes) / (w.tp * w.pp)
@@ -383,7 +383,7 @@ def dequant_bytes_per_use(w: Workload) -> float:
 
 def gptq_torch_dequant_bytes_per_element(half: int) -> int:
     """Bytes gptqmodel's TorchLinear moves per weight element when it dequantizes in training mode
-    (estimator.memory `gptq_training_dequant_scratch` names the tensors), besides reading the packed
+    (estimator.memory `gptq_training_dequant_scratch_bytes` names the tensors), besides reading the packed
     weights: the shift writes int32 (4); the int8 cast reads it and writes (4 + 1); the mask reads and
     writes int8 (1 + 1); the zeros' gather writes int8 (1); the difference reads two int8 and writes
     one (3); the scales' gather writes half (`half`); the product reads half and int8 and writes half
@@ -394,7 +394,7 @@ def gptq_torch_dequant_bytes_per_element(half: int) -> int:
 def dequant_uses(w: Workload, training: bool) -> float:
     """bitsandbytes: the forward, the recomputed forward and the backward's input gradient each
     dequantize again. GPTQ's trainable kernels: the forward and the recomputed forward; the backward
-    reads the copy the forward saved (estimator.activations `int4_dequantized_weights`)."""
+    reads the copy the forward saved (estimator.activations `int4_dequantized_bytes_per_layer`)."""
     if not training:
         return 1.0
     recompute = 1.0 if w.grad_ckpt else 0.0

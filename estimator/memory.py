@@ -135,7 +135,7 @@ class Components(NamedTuple):
     blas_workspace: float = 0.0     # cuBLAS workspaces (`blas_workspace_bytes`: needs the GPU)
     offloaded_activations: float = 0.0   # saved activations put in host memory (--activation-offload)
     # the part of `activations` that is saved copies of weights (LoRA on GPTQ: the dequantized
-    # linears, estimator.activations `int4_dequantized_weights`): exact bytes, which the calibrated
+    # linears, estimator.activations `int4_dequantized_bytes_per_layer`): exact bytes, which the calibrated
     # activation scale (measured / formula activations) leaves alone (`scaled_activations`)
     weight_copies: float = 0.0
 
@@ -748,16 +748,16 @@ def _quant_workspace(w: Workload, params: ParamCounts) -> float:
     the packed experts directly). GPTQ/AWQ: the kernels that dequantize for a large input (ExLlamaV2's
     `temp_dq` scratch, AutoAWQ's dequantize-then-matmul above its row threshold) hold the widest
     linear in fp16; Marlin needs none, so this is the upper bound the estimate keeps. LoRA on GPTQ:
-    the trainable kernel's torch dequantization of the widest linear (`gptq_training_dequant_scratch`)."""
+    the trainable kernel's torch dequantization of the widest linear (`gptq_training_dequant_scratch_bytes`)."""
     if w.quant not in BNB_QUANTS + INT4_QUANTS:
         return 0.0
     widest = max(lin.d_in * lin.d_out for lin in params.linears)
     if w.quant in INT4_QUANTS and w.training:
-        return gptq_training_dequant_scratch(w, widest)
+        return gptq_training_dequant_scratch_bytes(w, widest)
     return 2 * widest / w.tp
 
 
-def gptq_training_dequant_scratch(w: Workload, elements: int) -> float:
+def gptq_training_dequant_scratch_bytes(w: Workload, elements: int) -> float:
     """Bytes above the saved copy while gptqmodel's TorchLinear dequantizes a linear of `elements`
     weights in training mode (its Triton dequantization is for eval only, `_can_use_triton_dequant`;
     ModelCloud/GPTQModel f4c327a1 gptqmodel/nn_modules/qlinear/__init__.py `dequantize_weight`,
@@ -765,7 +765,7 @@ def gptq_training_dequant_scratch(w: Workload, elements: int) -> float:
     cast to int8 (1 B), then, at the product `scales[g_idx] * (codes - zeros[g_idx])`, the int8 codes
     (1 B), the gathered half scales (2 B) and the int8 difference (1 B) beside the half result (2 B):
     5 B before the result exists, 6 B with it. Without checkpointing the result is the copy the matmul
-    saves (estimator.activations `int4_dequantized_weights`), so 4 B above it; with checkpointing the
+    saves (estimator.activations `int4_dequantized_bytes_per_layer`), so 4 B above it; with checkpointing the
     forward frees it again, so 6 B."""
     return (6 if w.grad_ckpt else 4) * elements / w.tp
 
@@ -800,7 +800,7 @@ def components(w: Workload) -> Components:
     acts, casts = forward_backward.activations, forward_backward.casts
     # GPTQ's saved dequantized copies: every layer's on this GPU, or with checkpointing the
     # recomputed layer's, as far as the peak's moment holds them
-    copies = act.int4_dequantized_weights(_activation_key(w))
+    copies = act.int4_dequantized_bytes_per_layer(_activation_key(w))
     copies = min(acts, copies * (1 if w.grad_ckpt else sizes.layers))
     # fp8 and bitsandbytes never go together; the casts' moment has freed the lm_head input and final
     # norm, so the components add up to that moment: the casts less what was freed, at most

@@ -48,7 +48,7 @@ def _gptq_ops(spec, phase: str, grad_ckpt: bool) -> float:
     """LoRA on GPTQ: operators TorchLinear adds over nn.Linear in one phase (time_constants.csv
     gptq_training_*): its torch dequantization and separate bias add in each forward and each
     recomputation (checkpointing runs it in the backward), the bias add's backward."""
-    linears = [lin for lin in count_params(spec).linears if not lin.expert]
+    linears = count_params(spec).dense_linears
     count = sum(lin.count for lin in linears)
     biased = sum(lin.count for lin in linears if lin.bias)
     dequant = count * time_constant("gptq_training_ops_per_linear")

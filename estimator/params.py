@@ -72,6 +72,11 @@ class ParamCounts:
         return sum(lin.weight_params for lin in self.linears if lin.expert)
 
     @cached_property
+    def dense_linears(self) -> tuple[Linear, ...]:
+        """The nn.Linear modules (outside fused MoE experts): what bitsandbytes and GPTQ quantize."""
+        return tuple(lin for lin in self.linears if not lin.expert)
+
+    @cached_property
     def total(self) -> int:
         return (self.embedding + self.positions + self.lm_head + self.lm_head_bias + self.norms
                 + self.router + self.linear_weights + self.linear_biases + self.vision)
@@ -79,7 +84,7 @@ class ParamCounts:
     @cached_property
     def dense_fraction(self) -> float:
         """Share of the linear weights outside MoE experts."""
-        return sum(lin.weight_params for lin in self.linears if not lin.expert) / max(self.linear_weights, 1)
+        return sum(lin.weight_params for lin in self.dense_linears) / max(self.linear_weights, 1)
 
     @cached_property
     def attention_weights(self) -> int:

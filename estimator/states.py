@@ -183,7 +183,7 @@ def weights_bytes(key: StatesKey, params: ParamCounts, sizes: Sizes) -> float:
         packed = sum(lin.count * int4_linear_bytes(key.quant, lin.d_in, lin.d_out) for lin in params.linears)
         return packed * fraction + (sizes.total - sizes.linear_w) * base
     fraction = _layer_fraction(key)
-    dense = [lin for lin in params.linears if not lin.expert]
+    dense = params.dense_linears
     quantized = sum(lin.weight_params for lin in dense) * fraction
     rows = sum(lin.d_out * lin.count for lin in dense) * fraction
     # a vision-language model's vision tower: its nn.Linear modules are quantized too (transformers

@@ -33,7 +33,7 @@ BNB_QUANTS = ("int8", "nf4", "fp4")   # bitsandbytes: nn.Linear replaced, weight
 # GPTQ and AWQ int4 checkpoints (transformers' GPTQ and AWQ quantizers): the decoder's nn.Linear
 # weights packed 8 per int32 with a scale and a zero per group of input rows (estimator.states
 # `int4_linear_bytes`); inference, and LoRA on a GPTQ base (gptqmodel's trainable TorchLinear:
-# estimator.activations `int4_dequantized_weights`)
+# estimator.activations `int4_dequantized_bytes_per_layer`)
 INT4_QUANTS = ("gptq", "awq")
 # MXFP4 (transformers 5.23 quantizers/quantizer_mxfp4.py, integrations/mxfp4.py): GPT-OSS's fused experts
 # as shipped (4-bit blocks and an 8-bit scale per 32 elements), run by the triton matmul_ogs kernels
@@ -409,7 +409,7 @@ def _check_int4_training(w: Workload) -> None:
     """LoRA on a GPTQ base as peft 0.21.2 runs it (tuners/lora/gptq.py GPTQLoraLinear over gptqmodel's
     QuantLinear). Training needs a trainable kernel (gptqmodel BaseQuantLinear.train refuses the others:
     GPTQConfig(backend="auto_trainable") picks TritonV2Linear or TorchLinear, which dequantize in
-    every forward, estimator.activations `int4_dequantized_weights`); the rest is refused here."""
+    every forward, estimator.activations `int4_dequantized_bytes_per_layer`); the rest is refused here."""
     name = w.quant.upper()
     if w.quant == "awq":
         raise InputError("LoRA on AWQ bases is not modelled (gptqmodel's AwqGEMMLinear saves its input and "

@@ -1,4 +1,4 @@
-"""Check LoRA on a GPTQ base (estimator.activations `int4_dequantized_weights`) against gptqmodel's own
+"""Check LoRA on a GPTQ base (estimator.activations `int4_dequantized_bytes_per_layer`) against gptqmodel's own
 TorchLinear, the kernel a CUDA training load runs (needs gptqmodel and optimum, which the project
 does not pin: gptqmodel 7.x asks for torch >= 2.14.1, so install it beside the project, not in it).
 
@@ -6,7 +6,7 @@ A tiny Llama (or Phi, Qwen2) in bf16, its decoder linears converted by optimum's
 with a named gptqmodel backend, LoRA by peft on the given targets, one forward + backward on CPU:
 the bytes of the distinct storages autograd saves (saved_tensors_hooks, parameters and buffers
 excluded) against the same model without GPTQ. The difference is the dequantized copies, which the
-estimator counts as `num_layers x int4_dequantized_weights`:
+estimator counts as `num_layers x int4_dequantized_bytes_per_layer`:
 
     pip install --no-deps --no-build-isolation --target /tmp/gq gptqmodel optimum  # + its imports
     PYTHONPATH=/tmp/gq python scripts/check_gptq_lora.py --targets q_proj,v_proj
@@ -31,7 +31,7 @@ checkpointing, within the 1 % of the step's operators the check allows.
 
 `--scratch` measures one TorchLinear's forward in training mode with the tracer's live-bytes counter:
 its peak stands 3.977 B per weight element above the state after it (K 1024 x N 2048 and 4096 x
-1024), the modelled 4 B (estimator.memory `gptq_training_dequant_scratch`) less the output, which is
+1024), the modelled 4 B (estimator.memory `gptq_training_dequant_scratch_bytes`) less the output, which is
 not yet there at the product.
 """
 
@@ -177,7 +177,7 @@ def estimated(family: str, targets: list[str], ckpt: bool, batch: int, seq: int)
     spec = spec_from_config(CONFIGS[family], f"tiny-{family}")
     w = Workload(model=spec, method="lora", quant="gptq", precision="bf16", lora_targets=tuple(targets),
                  lora_rank=8, grad_ckpt=ckpt, batch=batch, seq=seq).validate()
-    return 0 if ckpt else spec.num_layers * act.int4_dequantized_weights(act.activation_key(w))
+    return 0 if ckpt else spec.num_layers * act.int4_dequantized_bytes_per_layer(act.activation_key(w))
 
 
 def main() -> int:
@@ -197,7 +197,7 @@ def main() -> int:
         return 2
     targets = args.targets.split(",")
     if args.scratch:
-        from estimator.memory import gptq_training_dequant_scratch
+        from estimator.memory import gptq_training_dequant_scratch_bytes
         from estimator.model import spec_from_config
         from estimator.workload import Workload
 
@@ -206,7 +206,7 @@ def main() -> int:
         w = Workload(model=spec, method="lora", quant="gptq", precision="bf16").validate()
         for k, n, m in ((1024, 2048, 16), (4096, 1024, 64)):
             peak, after = scratch(k, n, m)
-            modelled = gptq_training_dequant_scratch(w, k * n)
+            modelled = gptq_training_dequant_scratch_bytes(w, k * n)
             print(f"K={k} N={n} M={m}: forward peak {peak - after:,} B above the state after it (the saved "
                   f"copy and the output); modelled scratch {modelled:,.0f} B ({modelled / (k * n):g} B per element)")
             ok &= abs(peak - after - modelled) <= 2 * m * n + 8 * k   # the output; g_idx's int64 casts
@@ -223,8 +223,8 @@ def main() -> int:
     plain = saved_bytes(args.family, False, targets, args.backend, args.grad_ckpt, 2, 64)
     gptq = saved_bytes(args.family, True, targets, args.backend, args.grad_ckpt, 2, 64)
     estimate = estimated(args.family, targets, args.grad_ckpt, 2, 64)
-    print(f"{args.family} targets {args.targets} backend {args.backend} checkpointing {args.grad_ckpt}: saved {plain:,} B "
-          f"without GPTQ, {gptq:,} B with; difference {gptq - plain:,} B, estimate {estimate:,} B")
+    print(f"{args.family} targets {args.targets} backend {args.backend} checkpointing {args.grad_ckpt}: "
+          f"saved {plain:,} B without GPTQ, {gptq:,} B with; difference {gptq - plain:,} B, estimate {estimate:,} B")
     return 0 if 0 <= gptq - plain - estimate < LAYERS else 1   # the per-layer mean rounds down
 
 

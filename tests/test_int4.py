@@ -97,7 +97,7 @@ def test_lora_on_gptq_holds_each_linears_dequantized_copy_to_the_backward():
 
 
 def test_torchs_matmul_saves_only_the_weight_when_only_the_input_needs_a_gradient():
-    """The premise of `int4_dequantized_weights`, with torch as the oracle: TorchLinear's
+    """The premise of `int4_dequantized_bytes_per_layer`, with torch as the oracle: TorchLinear's
     `torch.matmul(x.reshape(-1, in), weights)` with a dequantized weight that needs no gradient keeps
     the [in, out] weight for the input's gradient and not the input."""
     import torch
@@ -128,7 +128,8 @@ def test_the_safe_bound_counts_the_copies_as_exact():
     from estimator.bounds import exact_bytes
 
     m = estimate(_lora(), "h100-80gb", "none").memory
-    assert m.peak_phase == "forward/backward" and m.weight_copies_bytes == 2 * (32 * LAYER_WEIGHT_ELEMENTS - QKV_ELEMENTS)
+    assert m.peak_phase == "forward/backward"
+    assert m.weight_copies_bytes == 2 * (32 * LAYER_WEIGHT_ELEMENTS - QKV_ELEMENTS)
     assert exact_bytes(m) == (m.weights_bytes + m.optimizer_states_bytes + m.blas_workspace_bytes
                               + m.weight_copies_bytes)
 
