@@ -422,11 +422,16 @@ def _check_int4_training(w: Workload) -> None:
                          "checkpoint's dtype; gptqmodel's kernels take fp16 or bf16), so TrainingArguments fp16=True "
                          "or bf16=True runs it in that dtype: choose --precision fp16 or bf16 (fp32 weights are not "
                          "modelled)")
-    for on, flag in ((w.zero, "--zero"), (w.fsdp != "none", "--fsdp"), (w.activation_offload, "--activation-offload"),
-                     (w.dora, "--dora"), (w.fp8, "--precision fp8"), (w.tp > 1 or w.pp > 1, "--tp/--pp")):
+    # ZeRO-1/2 partition what trains (the adapters' states); ZeRO-3 and FSDP shard parameters, and
+    # the packed int4 weights are buffers, which they leave whole: not modelled
+    for on, flag in ((w.zero == 3, "--zero 3"), (w.fsdp != "none", "--fsdp"),
+                     (w.activation_offload, "--activation-offload"), (w.dora, "--dora"),
+                     (w.fp8, "--precision fp8"), (w.tp > 1 or w.pp > 1, "--tp/--pp")):
         if on:
-            why = ("peft's GPTQLoraLinear refuses DoRA" if flag == "--dora"
-                   else "the saved dequantized weights and the packed buffers are not modelled there")
+            why = {"--dora": "peft's GPTQLoraLinear refuses DoRA",
+                   "--zero 3": "ZeRO-3 partitions parameters, not the packed int4 buffers",
+                   "--fsdp": "FSDP shards parameters, not the packed int4 buffers"}.get(
+                flag, "the saved dequantized weights are not modelled there")
             raise InputError(f"LoRA on a {name} base with {flag} is not modelled ({why})")
 
 

@@ -154,6 +154,19 @@ def test_a_first_layer_with_no_adapter_before_down_proj_saves_only_down_projs_co
     assert act.layer_fixed_bytes(act.activation_key(w)) == 2 * (32 * LAYER_WEIGHT_ELEMENTS - gradless) // 32
 
 
+def test_zero_2_partitions_the_adapters_states_and_leaves_the_packed_base_whole():
+    """ZeRO-1/2 partition what trains: the packed base and its saved copies stay per GPU as on one
+    GPU (the DeepSpeed bf16 section keeps the half rest half); the adapters' gradients and Adam
+    states are split over the 2 ranks."""
+    from estimator.memory import components
+
+    one, two = components(_lora()), components(_lora(zero=2, gpus=2))
+    adapters = 32 * 16 * ((4096 + 4096) + (4096 + 1024))     # rank 16 on q and v
+    assert two.weight_copies == one.weight_copies
+    assert two.weights == 32 * (PER_LAYER_AWQ + 155_648) + REST + 2 * adapters   # bf16 adapters
+    assert two.optimizer_states == 8 * adapters / 2                              # fp32 Adam states, halved
+
+
 def test_kbit_preparation_leaves_a_gptq_model_as_loaded():
     from estimator.memory import components
 
@@ -218,7 +231,7 @@ def test_the_gptqmodel_check_says_what_it_needs_in_one_line():
     (dict(quant="awq"), "LoRA on AWQ bases"),
     (dict(precision="amp-bf16"), "--precision fp16 or bf16"),
     (dict(precision="fp32"), "--precision fp16 or bf16"),
-    (dict(zero=2, gpus=2), "--zero"),
+    (dict(zero=3, gpus=2), "--zero 3"),
     (dict(fsdp="full", gpus=2), "--fsdp"),
     (dict(dora=True), "refuses DoRA"),
     (dict(activation_offload=True), "--activation-offload"),
