@@ -668,8 +668,8 @@ def int4_dequantized_bytes_per_layer(key: ActivationKey) -> int:
     dequantizes the whole weight to the input's half dtype, [in, out], and `torch.matmul(x, weights)`
     saves it for the input's gradient (the weight needs none, so the input is not saved). The backward
     does not dequantize again. A linear whose input needs no gradient saves nothing: without
-    checkpointing the first layer's attention inputs (and a parallel block's MLP inputs) read the
-    frozen embedding's output (`_first_layer_discount`)."""
+    checkpointing, the first layer's linears before its first adapter, which read the frozen
+    embedding's output (`_first_layer_gradless_inputs`)."""
     if key.quant != "gptq" or not key.training:
         return 0
     spec = key.model

@@ -14,7 +14,7 @@ autocast's casts per decoder linear (the `*` autocast-linear rows). QLoRA dispat
 does: bitsandbytes 0.50's MatMul4Bit.forward is a view and one fused gemm_4bit operator
 (bitsandbytes/autograd/_functions.py), no more than the linear it replaces. LoRA on GPTQ adds
 TorchLinear's torch dequantization per quantized linear in each forward and recomputation
-(time_constants.csv gptq_training_ops_per_linear, scripts/check_gptq_lora.py --ops). A model type that was
+(time_constants.csv gptq_training_*, scripts/check_gptq_lora.py --ops). A model type that was
 not counted takes Llama's counts (`counted_type` says which).
 """
 

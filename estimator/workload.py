@@ -426,7 +426,7 @@ def _check_int4_training(w: Workload) -> None:
     # the packed int4 weights are buffers, which they leave whole: not modelled
     for on, flag in ((w.zero == 3, "--zero 3"), (w.fsdp != "none", "--fsdp"),
                      (w.activation_offload, "--activation-offload"), (w.dora, "--dora"),
-                     (w.fp8, "--precision fp8"), (w.tp > 1 or w.pp > 1, "--tp/--pp")):
+                     (w.tp > 1 or w.pp > 1, "--tp/--pp")):
         if on:
             why = {"--dora": "peft's GPTQLoraLinear refuses DoRA",
                    "--zero 3": "ZeRO-3 partitions parameters, not the packed int4 buffers",
