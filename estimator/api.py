@@ -11,7 +11,7 @@ from estimator.calibration import NONE, Calibration, apply_memory, resolve, time
 from estimator.errors import InputError
 from estimator.defaults import overhead
 from estimator.fp8 import gpu_refusal
-from estimator.memory import Components, MemoryBreakdown, blas_workspace_bytes, components, offload_reuse_share
+from estimator.memory import Components, MemoryBreakdown, blas_workspace_bytes, components, legacy_offload_share
 from estimator.states import frozen_vision, lora_params
 from estimator.params import count_params
 from estimator.regimes import regime
@@ -191,17 +191,16 @@ def _time(w: Workload, gpu: tables.GpuSpec, corrections: dict, memory: MemoryBre
 
 def _offload_note(w: Workload, memory) -> tuple[str, ...]:
     """The activation-offloading caveat (profiler/offload.py, estimator.memory `_layers_on_device`):
-    how much the allocator's layout can move the peak either way (`offload_reuse_share`)."""
+    what it keeps on the device, and how much more TRL before 1.8.0 kept (`legacy_offload_share`)."""
     if not (w.training and w.activation_offload):
         return ()
-    share, low, high = offload_reuse_share()
-    offloadable = memory.offloaded_activations_bytes / (1.0 - share)
-    spread = (high - low) / 2 * offloadable
-    return ("activation offloading (TRL): the estimate keeps one layer in flight (two with checkpointing) and the "
-            "later saves of each offloaded tensor on the device; TRL keys tensors by address, so on a GPU a tensor "
-            f"allocated where a freed offloaded one was stays too: {low:.0%}-{high:.0%} of the rest in traces and on "
-            f"the H100, the estimate takes {share:.0%} (the peak may be {spread / GiB:.2f} GiB higher or lower); the "
-            "safe bound counts every offloaded byte",)
+    low, high = legacy_offload_share()
+    offloaded = memory.offloaded_activations_bytes
+    return ("activation offloading (TRL >= 1.8.0): the estimate keeps one layer in flight (two with checkpointing) "
+            "and the later saves of a tensor offloaded a few saves before on the device; TRL 0.25.0-1.7.x also kept "
+            f"a tensor allocated where a freed offloaded one was: {low:.0%}-{high:.0%} of the offloaded bytes in traces "
+            f"and on the H100, {low * offloaded / GiB:.2f}-{high * offloaded / GiB:.2f} GiB more here; the safe bound "
+            "counts every offloaded byte",)
 
 
 def _math_sdpa_note(w: Workload) -> tuple[str, ...]:

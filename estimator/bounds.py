@@ -52,8 +52,9 @@ def uncertain_bytes(memory: MemoryBreakdown, floor_bytes: int | None = None) -> 
     memory's exact part also holds the paged optimizer states (unified memory, known size)."""
     floor = int(overhead("bound_uncertain_floor_bytes")) if floor_bytes is None else int(floor_bytes)
     # activations the estimate puts in host memory (--activation-offload) may stay on the device:
-    # TRL keys a saved tensor by its address, so one allocated where a freed offloaded tensor was
-    # counts as already offloaded and stays (profiler/offload.py), which no trace reproduces
+    # TRL 0.25.0-1.7.x keyed an offloaded storage by its address to the end of the forward, so a
+    # tensor allocated where a freed offloaded one was stayed (13-44% of them traced and measured,
+    # estimator.memory.legacy_offload_share; fixed in TRL 1.8.0), and which TRL runs is not an input
     floor += memory.offloaded_activations_bytes
     exact = exact_bytes(memory)
     out = {q: max(0, getattr(memory, q) - exact) + floor for q in BOUND_QUANTITIES}

@@ -54,17 +54,14 @@ from estimator.units import MiB
 from estimator.workload import BNB_QUANTS, CHUNKED_LOSS_CHUNKS, INT4_QUANTS, Workload
 
 ALLOC_GRANULE_BYTES = 2 * MiB  # the caching allocator reserves in 2 MiB blocks (large segments)
-# Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl @0167b7d
+# Activation offloading (TRL's OffloadActivations, from torchtune; huggingface/trl v1.9.0 @f2cd577
 # trl/models/activation_offloading.py; profiler/offload.py does the same with memory): every saved
-# tensor of 1 KiB or more but the lm_head's goes to pinned host memory, except a later save of an
-# already offloaded storage, which stays on the device (`act.offload_kept_bytes_per_token`); the
-# forward keeps the 5 most recent on the device and the backward holds what it brought back until
-# the next node has run: about one layer's saved tensors. With checkpointing (one saved input per
-# layer) two layers' stay. TRL keys a storage by its address, so on a GPU a tensor the caching
-# allocator puts in the block of a freed offloaded one stays too: a share of the rest that depends
-# on the allocator's layout (`offload_reuse_share`: estimator/data/overheads.csv activation_offload_address_reuse_*,
-# from whole-model traces that model the allocator, profiler/trace/allocator.py, and the H100 runs);
-# the safe bound counts every offloaded byte as uncertain (estimator.bounds).
+# tensor of 1 KiB or more but the lm_head's goes to pinned host memory, except a later save of a
+# storage offloaded a few saves before, which stays on the device (`act.offload_kept_bytes_per_token`);
+# the forward keeps the 5 most recent on the device and the backward holds what it brought back
+# until the next node has run: about one layer's saved tensors. With checkpointing (one saved input
+# per layer) two layers' stay. TRL 0.25.0-1.7.x kept more (`legacy_offload_share`); the safe bound
+# counts every offloaded byte as uncertain (estimator.bounds).
 OFFLOAD_LAYERS_ON_DEVICE = 2
 
 
@@ -269,30 +266,26 @@ def _per_token(key: ActivationKey) -> _PerToken:
                      act.logits_backward_per_token(key))
 
 
-def offload_reuse_share() -> tuple[float, float, float]:
-    """(point, lowest, highest) share of the offloadable saved bytes that TRL keeps on the device
-    because the caching allocator put the tensor where a freed offloaded one was: the range traced
-    and measured (estimator/data/overheads.csv activation_offload_address_reuse_min/_max), the point
-    its middle (it then errs by at most half the range either way)."""
-    low, high = overhead("activation_offload_address_reuse_min"), overhead("activation_offload_address_reuse_max")
-    return (low + high) / 2, low, high
+def legacy_offload_share() -> tuple[float, float]:
+    """(lowest, highest) share of the offloaded bytes that TRL 0.25.0 to 1.7.x also kept on the
+    device: it keyed an offloaded storage by its address to the end of the forward, so a tensor the
+    caching allocator put where a freed offloaded one was counted as offloaded (huggingface/trl#6241
+    fixed it in 1.8.0). What stays follows the allocator's layout, not a rule: the range traced and
+    measured (estimator/data/overheads.csv activation_offload_address_reuse_min/_max)."""
+    return overhead("activation_offload_address_reuse_min"), overhead("activation_offload_address_reuse_max")
 
 
 def _layers_on_device(w: Workload, sizes: Sizes, per_layer: float) -> tuple[int, float]:
     """(decoder layers whose saved tensors are all on the device, bytes per token the other layers
     keep there), `per_layer` being one layer's saved bytes per token. Without activation offloading
     every layer's; with it (TRL) about one layer in flight plus the later saves of each offloaded
-    storage, or two layers' checkpointed inputs; of the rest, the share the caching allocator puts
-    where an offloaded tensor was (`offload_reuse_share`) stays too."""
+    storage, or two layers' checkpointed inputs."""
     if not w.activation_offload:
         return sizes.layers, 0.0
-    reuse = offload_reuse_share()[0]
     if w.grad_ckpt:
-        on_device = min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE)
-        return on_device, (sizes.layers - on_device) * reuse * per_layer
+        return min(sizes.layers, OFFLOAD_LAYERS_ON_DEVICE), 0.0
     on_device = min(sizes.layers, 1)
-    kept = act.offload_kept_bytes_per_token(_activation_key(w))
-    return on_device, (sizes.layers - on_device) * (kept + reuse * max(0.0, per_layer - kept))
+    return on_device, (sizes.layers - on_device) * act.offload_kept_bytes_per_token(_activation_key(w))
 
 
 def saved_activation_bytes(w: Workload) -> int:

@@ -29,6 +29,7 @@ step, estimator.ops; 0 compiled); versions.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ from profiler import record, steps
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MEASUREMENTS_DIR = REPO_ROOT / "calibrations" / "measurements"
+# rows measured under a regime the estimator and the profiler no longer run (file, id, regime, reason)
+SUPERSEDED_FILE = MEASUREMENTS_DIR / "superseded.csv"
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,20 @@ def csv_files(paths) -> list[Path]:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def superseded() -> dict[tuple[str, str], str]:
+    """{(the file's folder/name, row id): regime} of the rows calibrations/measurements/superseded.csv
+    lists: measured under a regime the estimator and the profiler no longer run (each with its
+    reason there), so never fitted; profiler.trace.measured traces them in that regime."""
+    with SUPERSEDED_FILE.open(newline="") as f:
+        return {(r["file"], r["id"]): r["regime"] for r in csv.DictReader(f)}
+
+
+def superseded_regime(path, row_id: str) -> str | None:
+    """The regime a row of the measurement file `path` ran if superseded.csv lists it, else None."""
+    path = Path(path)
+    return superseded().get((f"{path.parent.name}/{path.name}", row_id))
 
 
 def read_table_file(path: Path) -> pd.DataFrame:
@@ -193,6 +210,10 @@ def _select(rows: pd.DataFrame, gpu: str, skipped: dict) -> pd.DataFrame:
         if col not in rows:
             rows[col] = ""
     rows = skip(rows["status"] != "ok", "status not ok (oom/error/skipped)")
+    old = [superseded_regime(Path(d or ".") / Path(f).name, i) is not None
+           for d, f, i in zip(rows["_csv_dir"], rows["source_file"], rows["id"])]
+    rows = skip(pd.Series(old, index=rows.index, dtype=bool),
+                "ran a regime no longer modelled (calibrations/measurements/superseded.csv)")
     if gpu == TRACE_GPU:
         rows = skip(rows["backend"] != "trace", "not a trace row")
     else:

@@ -1,28 +1,37 @@
 """Activation offloading as TRL runs it (`SFTConfig(activation_offloading=True)`), for the profiler's
 real steps and for the tracer.
 
-What TRL's OffloadActivations does with memory (huggingface/trl @0167b7d
+What TRL's OffloadActivations does with memory (huggingface/trl v1.9.0 @f2cd577
 trl/models/activation_offloading.py, from torchtune; defaults use_streams=True, pinned host memory,
 min_offload_size=1024, max_fwd_stash_size=5), re-implemented here for its memory behaviour:
 
 - forward, every tensor autograd saves gets a number. It stays on the device (held by the
-  offloader until the backward unpacks it) when it is smaller than 1 KiB, is not on the
-  accelerator, is a parameter or buffer or shares a parameter's storage, is a torchao float8
-  tensor, or when its storage was already offloaded in this forward (the deduplication keeps the
-  later saves of one storage on the device). Any other is copied to host memory, and the device
-  tensor stays in a forward stash until a tensor numbered 5 later is packed (the copy's stream has
-  then surely finished);
+  offloader until the backward unpacks it) when its storage is tracked (below), is smaller than
+  1 KiB, is not on the accelerator, is a parameter or buffer or shares a parameter's storage, or is
+  a torchao float8 tensor. Any other is copied to host memory (a view that does not start its
+  storage is first cloned, a strided one made contiguous: that copy is what stays), and the device
+  tensor stays in a forward stash until a tensor numbered 5 later is offloaded (the copy's stream
+  has then surely finished);
+- tracked storages (the deduplication; the key is the storage's address plus the view's offset, and
+  the dtype): an offloaded one while its tensor is in the forward stash, and a later save of one so
+  kept until the backward unpacks it. So a storage saved again soon after its offload (an RMSNorm's
+  input by its pow and its mul, a hidden state by q, k and v) stays on the device at the later
+  saves; one saved again after its tensor left the stash is offloaded again (rotary cos/sin, which
+  every layer saves);
 - backward: a tensor still in the forward stash is handed back as it is; any other is copied back
   to the device and stays in a backward stash until the autograd node after the one that used it
   has run (TRL frees the previous node's tensors in a hook on the current node); the first node's
   hook empties the forward stash; the end of the backward empties the rest;
-- the output head (`get_output_embeddings`) is left out: its saved tensors stay on the device.
+- the output head (`get_output_embeddings`) is left out: its saved tensors stay on the device;
+- entering the context on a GPU empties the allocator's cache when bitsandbytes is imported.
 
-TRL keys a storage by its device address, so a saved tensor that the caching allocator put in the
-block of an offloaded tensor freed earlier in this forward counts as already offloaded and stays on
-the device: on the H100 about a third of the offloadable bytes stayed so (calibrations/measurements/
-h100-80gb/h100-second-contact-2026-11-27.csv). The tracer reproduces it by giving fake tensors the
-addresses of its model of the allocator (`fake_addresses`, profiler/trace/allocator.py).
+TRL 0.25.0 to 1.7.x kept an offloaded storage's key to the end of the forward (released since
+1.8.0, huggingface/trl#6241), so a saved tensor that the caching allocator put in the block of an
+offloaded tensor freed earlier counted as already offloaded and stayed on the device: 13-44% of the
+offloaded bytes in whole-model traces and on the H100 (calibrations/measurements/h100-80gb/
+h100-second-contact-2026-11-27.csv, which ran it). `legacy_dedupe()` runs that; the tracer reproduces it by giving fake tensors the
+addresses of its model of the allocator (`fake_addresses`, profiler/trace/allocator.py), which it
+always does (a copied view's key can still meet a new tensor at its address).
 
 `Offloader(device_type, copy)`: `copy(tensor) -> (host, restore)` makes the host copy and returns the
 function that brings it back as a new device tensor. On a GPU (`host_copy`) that is a pinned copy;
@@ -34,6 +43,7 @@ which tensors count as on the accelerator.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from contextlib import contextmanager
 from typing import Callable
@@ -50,6 +60,21 @@ def _is_fake(t) -> bool:
 
 
 _FAKE_ADDRESS: list = []   # the tracer's address of a fake tensor (fake_addresses), innermost last
+_LEGACY: list = []         # inside legacy_dedupe(): TRL 0.25.0-1.7.x's deduplication
+
+
+@contextmanager
+def legacy_dedupe():
+    """While inside, an Offloader made does what TRL 0.25.0 to 1.7.x did (huggingface/trl @0167b7d):
+    an offloaded storage's key stays for the whole forward, so a later tensor the caching allocator
+    puts at a freed offloaded tensor's address stays on the device; and no view is copied before its
+    host copy. The H100 rows measured on 2026-11-27 ran this (calibrations/measurements/superseded.csv);
+    the tracer reproduces them with it (tests/test_measured_h100.py)."""
+    _LEGACY.append(True)
+    try:
+        yield
+    finally:
+        _LEGACY.pop()
 
 
 @contextmanager
@@ -73,6 +98,13 @@ def _address(t) -> int:
         return t.untyped_storage().data_ptr()
     address = _FAKE_ADDRESS[-1](t) if _FAKE_ADDRESS else None
     return t.untyped_storage()._cdata if address is None else address
+
+
+def _storage_key(t) -> tuple:
+    """TRL's `_get_unique_tensor_key`: the storage's address plus the view's offset (in elements,
+    as TRL adds them), and the dtype; a DTensor by its local shard."""
+    t = getattr(t, "_local_tensor", t)
+    return (_address(t) + t.storage_offset(), t.dtype)
 
 
 def host_copy(pin: bool) -> Callable:
@@ -132,7 +164,8 @@ class Offloader:
         self.copy = copy
         self.params = {_address(p) for p in model.parameters() if p.device.type != "meta"}
         self.tracker: dict[int, tuple] = {}       # number -> ("kept", tensor) | ("host", restore)
-        self.seen: dict = {}                      # key -> (weak reference to the storage | None)
+        self.tracked: dict = {}                   # storage key -> (number, weak reference | None)
+        self.key_of: dict[int, tuple] = {}        # number -> storage key it tracks
         self.fwd_stash: dict[int, object] = {}   # number -> device tensor (kept until 5 later)
         self.bwd_stash: dict[int, object] = {}   # number -> tensor brought back
         self.next_id = 0
@@ -140,18 +173,25 @@ class Offloader:
         self.started = False                      # a backward is unpacking
         self.moved = 0
         self.kept = 0
+        self.legacy = bool(_LEGACY)                # TRL 0.25.0-1.7.x (legacy_dedupe)
 
     # ---- forward -----------------------------------------------------------------------------
     def pack(self, t) -> int:
         import torch
 
         if not self.tracker:              # a new forward: TRL resets its deduplication map
-            self.seen.clear()
+            self.tracked.clear()
+            self.key_of.clear()
         self.next_id += 1
         number = self.next_id
-        key = (_address(t), t.storage_offset(), t.dtype)
-        if (self._seen(key) or t.device.type != self.device_type
-                or t.element_size() * t.nelement() < MIN_OFFLOAD_BYTES
+        key = _storage_key(t)
+        if self._tracked(key):            # a storage offloaded and still stashed, or kept so
+            self.tracker[number] = ("kept", t)
+            if not self.legacy:
+                self._track(key, number, None)
+            self.kept += 1
+            return number
+        if (t.device.type != self.device_type or t.element_size() * t.nelement() < MIN_OFFLOAD_BYTES
                 or isinstance(t, torch.nn.Parameter) or type(t).__name__ in FLOAT8_CLASSES
                 or _address(t) in self.params):
             self.tracker[number] = ("kept", t)
@@ -161,23 +201,50 @@ class Offloader:
             if old > number - FORWARD_STASH:
                 break
             del self.fwd_stash[old]
+            self._release(old)
+        original = t
+        if self.legacy:
+            pass
+        elif 0 not in t.stride() and t.storage_offset() != 0:   # TRL copies a view that does not
+            t = t.clone(memory_format=torch.contiguous_format)   # start its storage, and a
+        elif 0 not in t.stride() and not t.is_contiguous():       # strided one (not a broadcast)
+            t = t.contiguous()
         _, restore = self.copy(t)
         self.tracker[number] = ("host", restore)
-        self.fwd_stash[number] = t
-        self.seen[key] = weakref.ref(t.untyped_storage()) if _is_fake(t) and not _FAKE_ADDRESS else None
+        self.fwd_stash[number] = t        # the (copied) device tensor, until 5 later
+        self._track(key, number, original)
         self.moved += 1
         return number
 
-    def _seen(self, key) -> bool:
-        """Whether this storage region was offloaded in this forward. A real tensor is keyed by its
-        address as TRL keys it, so a later tensor at a freed offloaded tensor's address counts as
-        seen, as in TRL; so is a fake one in the tracer (`fake_addresses`: the address its model of
-        the caching allocator gives); any other fake one by its live storage object only."""
-        if key not in self.seen:
+    def _track(self, key, number: int, t) -> None:
+        """TRL's track_storage_key; for a fake tensor without the tracer's addresses, a weak
+        reference to its storage too (its key is the storage object's, which a new one may reuse)."""
+        ref = weakref.ref(t.untyped_storage()) if t is not None and _is_fake(t) and not _FAKE_ADDRESS else None
+        self.tracked[key] = (number, ref)
+        self.key_of[number] = key
+
+    def _release(self, number: int) -> None:
+        """TRL's release_storage_key: the number's key is forgotten unless a later save took it over
+        (TRL before 1.8.0 kept every key to the end of the forward)."""
+        if self.legacy:
+            return
+        key = self.key_of.pop(number, None)
+        if key is not None and self.tracked.get(key, (None,))[0] == number:
+            del self.tracked[key]
+
+    def _tracked(self, key) -> bool:
+        """Whether this storage region is tracked: offloaded and still in the forward stash, or a
+        later save of such a storage not yet unpacked (TRL >= 1.8.0 releases a key when its tensor
+        leaves the stash, huggingface/trl#6241). A real tensor is keyed by its address as TRL keys
+        it, so a view that TRL copied (its original may be freed while stashed) can be matched by a
+        tensor the allocator later puts at the same address, as on a GPU; so can a fake one in the
+        tracer (`fake_addresses`: its model of the caching allocator); any other fake one by its
+        live storage object only."""
+        if key not in self.tracked:
             return False
-        ref = self.seen[key]
+        ref = self.tracked[key][1]
         if ref is not None and ref() is None:
-            del self.seen[key]
+            del self.tracked[key]
             return False
         return True
 
@@ -189,6 +256,7 @@ class Offloader:
             self.started = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         kind, value = self.tracker.pop(number)
+        self._release(number)
         if kind == "kept":
             return value
         previous = self._new_node()
@@ -221,13 +289,17 @@ class Offloader:
             return
 
         def hook(outputs, inputs):
-            self.fwd_stash.clear()
+            for number in list(self.fwd_stash):
+                del self.fwd_stash[number]
+                self._release(number)
             for number in previous:
                 self.bwd_stash.pop(number, None)
             return outputs
         node.register_hook(hook)
 
     def _backward_done(self) -> None:
+        for number in list(self.fwd_stash):
+            self._release(number)
         self.fwd_stash.clear()
         self.bwd_stash.clear()
         self.node = None
@@ -244,6 +316,8 @@ def offload_activations(model, device_type: str, copy: Callable):
     base = getattr(base, "module", base)
     head = base.get_output_embeddings()
     offloader = Offloader(model, device_type, copy)
+    if device_type == "cuda" and "bitsandbytes" in sys.modules and not offloader.legacy:
+        torch.cuda.empty_cache()   # TRL >= 1.8.0's __enter__ (huggingface/trl#5730): bitsandbytes' buffers
     stack, handles = [], []
     if head is not None:
         def enter(*_):

@@ -49,6 +49,7 @@ from estimator.flops import prefill_flops, training_flops  # noqa: E402
 from estimator.memory import kv_cache_bytes  # noqa: E402
 from estimator.params import count_params  # noqa: E402
 from estimator.states import lora_params  # noqa: E402
+from fitting.data import superseded_regime  # noqa: E402
 from estimator.workload import Workload, lora_targets_from_text  # noqa: E402
 
 DEV_SET = Path(ROOT) / "calibrations" / "measurements" / "published" / "time.csv"
@@ -278,8 +279,8 @@ def _gpu_rows(gpu_slugs=None):
             continue
         rows = []
         for f in sorted(sub.glob("*.csv")):
-            with f.open(newline="") as fh:
-                rows += list(csv.DictReader(fh))
+            with f.open(newline="") as fh:   # not the rows of a regime no longer modelled
+                rows += [r for r in csv.DictReader(fh) if superseded_regime(f, r.get("id", "")) is None]
         yield gpu, rows
 
 

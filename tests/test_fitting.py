@@ -395,7 +395,9 @@ def test_an_moe_decode_the_host_floor_misses_drops_the_decode_factors_held_out()
     out in turn, the fitted one predicts the inference steps worse than the raw formulas, so the
     table fitted on both runs keeps none (issue 11: the MoE decode floor)."""
     data = load(committed_files("h100-80gb"), "h100-80gb")
-    assert len(data.frame) == 33
+    # the 3 offloaded rows of TRL 0.25.0-1.7.x's regime are not fitted (calibrations/measurements/superseded.csv)
+    assert len(data.frame) == 30 and data.skipped == {
+        "ran a regime no longer modelled (calibrations/measurements/superseded.csv)": 3}
     fit, _ = fit_and_validate(data)
     assert "decode_host_s_per_layer" not in fit.factors
     assert any("decode_host_s_per_layer" in n for n in fit.notes)

@@ -141,14 +141,59 @@ def test_activation_offload_moves_the_saved_tensors_and_keeps_the_gradients():
     model.zero_grad(set_to_none=True)
     with offload.offload_activations(model, "cpu", offload.host_copy(pin=False)) as off:
         loss = model(input_ids=batch.input_ids, labels=batch.labels, use_cache=False).loss
-    # every save is moved or kept; a freed offloaded storage whose address a later tensor reuses
-    # makes that one 'already offloaded' (TRL keys by address), so fewer may move than counted
-    assert off.moved + off.kept == moved + kept and 0 < off.moved <= moved and off.kept >= kept > 0
+    # every save is moved or kept; a storage saved again after it left the forward stash moves again
+    # (TRL >= 1.8.0 forgets it then), so more may move than the count that remembers every storage
+    assert off.moved + off.kept == moved + kept and off.moved >= moved > 0 and 0 < off.kept <= kept
     assert len(off.fwd_stash) <= offload.FORWARD_STASH
     loss.backward()
     assert not off.tracker and not off.bwd_stash and not off.fwd_stash   # all unpacked, all let go
     for p, g in zip(model.parameters(), ref_grads):
         torch.testing.assert_close(p.grad, g)
+
+
+def _dedupe_run(legacy: bool) -> tuple:
+    """Saves packed by hand on fake tensors whose device addresses the test chooses: `a` saved twice
+    in a row, `c` and `d` once, five other tensors (so all leave the forward stash), `d` and `a`
+    again, then `b`, which the allocator put where the freed `c` was; then a view that does not
+    start its storage. Returns (moved, kept, whether the view's stashed tensor is a copy)."""
+    from contextlib import nullcontext
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from profiler import offload
+
+    addresses = {}
+
+    def place(t, address):
+        addresses[t.untyped_storage()._cdata] = address
+        return t
+
+    with FakeTensorMode(), offload.fake_addresses(lambda t: addresses.get(t.untyped_storage()._cdata)), \
+            (offload.legacy_dedupe() if legacy else nullcontext()):
+        off = offload.Offloader(torch.nn.Linear(2, 2), "cpu", offload.metadata_copy)
+        a = place(torch.empty(1024), 1 << 30)
+        c = place(torch.empty(1024), 2 << 30)
+        d = place(torch.empty(1024), 3 << 30)
+        off.pack(a), off.pack(a), off.pack(c), off.pack(d)
+        for i in range(5):
+            off.pack(place(torch.empty(1024), (4 + i) << 30))
+        off.pack(d), off.pack(a)
+        del c                                   # freed: its block goes to the next tensor of its size
+        off.pack(place(torch.empty(1024), 2 << 30))
+        base = place(torch.empty(2048), 9 << 30)
+        number = off.pack(base[1024:])
+        return off.moved, off.kept, off.fwd_stash[number].untyped_storage()._cdata != base.untyped_storage()._cdata
+
+
+def test_trl_forgets_an_offloaded_storage_when_it_leaves_the_forward_stash():
+    """TRL >= 1.8.0 (huggingface/trl#6241): a storage's key is tracked while its tensor is in the
+    forward stash or kept so until the backward unpacks it: `a` saved right again stays on the
+    device, and so does its third save; `d`, saved again after five more, moves again, and so does
+    `b` at the address of the freed `c`. TRL 0.25.0-1.7.x kept every key to the end of the forward:
+    `d` and `b` stayed too. TRL >= 1.8.0 also copies a view that does not start its storage before
+    the host copy (the copy is what the stash holds)."""
+    assert _dedupe_run(legacy=False) == (11, 2, True)
+    assert _dedupe_run(legacy=True) == (9, 4, False)
 
 
 def test_activation_offload_row_is_ok_in_one_process(tmp_path):
@@ -160,10 +205,8 @@ def test_activation_offload_row_is_ok_in_one_process(tmp_path):
 def test_activation_offload_is_traced_and_the_estimate_follows():
     """The tracer runs TRL's offloading on fake tensors (host copies keep no bytes, a tensor brought
     back is a new device allocation, addresses from its model of the caching allocator): the traced
-    peak falls; the estimate (one layer in flight, the later saves TRL keeps, the median share the
-    allocator's address reuse keeps) lands within 2% below and 6% above it (the reuse share of these traces:
-    0.29 and 0.42), and its uncalibrated safe bound, which counts the offloaded activations as
-    uncertain, covers it."""
+    peak falls; the estimate (one whole layer in flight, the later saves TRL keeps) is not under it
+    and at most 3% over, and its uncalibrated safe bound covers it."""
     from estimator.api import estimate
     from profiler.trace import trace
 
@@ -174,7 +217,7 @@ def test_activation_offload_is_traced_and_the_estimate_follows():
         assert traced_on < traced_off
         est = estimate(on.workload(), "h100-80gb", "none", cpu_trace=True)
         assert est.memory.offloaded_activations_bytes > 0
-        assert 0.98 * traced_on <= est.memory.peak_allocated_bytes <= 1.06 * traced_on
+        assert traced_on <= est.memory.peak_allocated_bytes <= 1.03 * traced_on
         assert est.safe["peak_allocated_bytes"] >= traced_on
         assert any("activation offloading" in n for n in est.regime_notes)
 

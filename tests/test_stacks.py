@@ -347,12 +347,11 @@ def test_liger_tracing_patches_are_undone():
 # ---- activation offloading, pipeline-parallel KV cache -------------------------------------------
 
 def test_activation_offload_keeps_the_later_saves_and_one_layer():
-    """TRL's offloading (profiler/offload.py): every layer but the one in flight goes to the host,
-    less what TRL keeps: each RMSNorm's fp32 input (saved by its pow and its mul: 2 norms x 4 B x
-    hidden per token); LoRA's adapters cast their input to fp32 each, so nothing else is shared;
-    and of the rest, the 31% the caching allocator puts where a freed offloaded tensor was
-    (estimator.memory.offload_reuse_share: 0.31, the middle of the 0.19-0.43 traced and measured).
-    With checkpointing two layers' inputs stay, and 31% of the others'."""
+    """TRL's offloading (profiler/offload.py, TRL >= 1.8.0): every layer but the one in flight goes to
+    the host, less what TRL keeps: each RMSNorm's fp32 input (saved by its pow and its mul while the
+    first save is still in the forward stash: 2 norms x 4 B x hidden per token); LoRA's adapters
+    cast their input to fp32 each, so nothing else is shared. With checkpointing two layers' inputs
+    stay. The note states what TRL 0.25.0-1.7.x kept beside: 13-44% of the offloaded bytes."""
     from estimator.activations import activation_key, checkpoint_bytes_per_token, layer_bytes_per_token
     from estimator.memory import estimate_memory
 
@@ -362,19 +361,18 @@ def test_activation_offload_keeps_the_later_saves_and_one_layer():
     per_layer = layer_bytes_per_token(activation_key(w)) * tokens
     kept = 31 * 2 * 4 * 4096 * tokens
     assert on.host_bytes == on.offloaded_activations_bytes
-    assert on.host_bytes == pytest.approx(0.69 * (31 * per_layer - kept), abs=2)
+    assert on.host_bytes == pytest.approx(31 * per_layer - kept, abs=2)
     assert off.activations_bytes - on.activations_bytes == pytest.approx(on.host_bytes, abs=2)
     assert on.peak_allocated_bytes < off.peak_allocated_bytes
     ck = w.with_(grad_ckpt=True)
     ck_on = estimate_memory(ck.with_(activation_offload=True), 0.0, 0)
-    assert ck_on.host_bytes == pytest.approx(0.69 * 30 * checkpoint_bytes_per_token(activation_key(ck)) * tokens, abs=2)
-    # the answer says how far the allocator's layout can move it: half the 0.19-0.43 range of what may stay
+    assert ck_on.host_bytes == pytest.approx(30 * checkpoint_bytes_per_token(activation_key(ck)) * tokens, abs=2)
     from estimator.api import estimate
 
     note = [n for n in estimate(w.with_(activation_offload=True), "h100-80gb", "none").regime_notes if "TRL" in n]
-    spread = 0.12 * (31 * per_layer - kept) / 2**30
-    assert len(note) == 1 and "19%-43% of the rest" in note[0] and "takes 31%" in note[0]
-    assert f"may be {spread:.2f} GiB higher or lower" in note[0]
+    low, high = 0.13 * on.host_bytes / 2**30, 0.435 * on.host_bytes / 2**30
+    assert len(note) == 1 and "TRL >= 1.8.0" in note[0] and "13%-44% of the offloaded bytes" in note[0]
+    assert f"{low:.2f}-{high:.2f} GiB more here" in note[0]
 
 
 def test_pipeline_parallel_inference_divides_the_kv_cache():
@@ -738,29 +736,20 @@ def test_liger_patches_that_do_not_import_are_refused(model_type, config):
         Workload(spec, method="lora", liger=True).validate()
 
 
-def test_offloaded_loss_backward_moment_matches_the_trace_given_its_saved_bytes(monkeypatch):
-    """Gemma-2 QLoRA with TRL's offloading: which saved tensors the caching allocator's addresses
-    keep on the device is the one free share (estimator.memory.offload_reuse_share); set to the
-    share that makes the estimator's saved activations the trace's, the peak must be the trace's too.
-    TRL empties its forward stash at the first backward node, so the soft-capping tanh output the
-    loss saved is on the host during the loss's backward (counted there, the peak was 3.5% over)."""
-    import estimator.memory as memory
+def test_offloaded_loss_backward_moment_matches_the_trace():
+    """Gemma-2 QLoRA with TRL's offloading: TRL empties its forward stash at the first backward node,
+    so the soft-capping tanh output the loss saved is on the host during the loss's backward
+    (counted there, the peak was 3.5% over). The saved activations within 1.5% of the trace's (the
+    estimate holds one whole layer in flight, TRL's stash a few tensors), the peak within 0.5%."""
+    from estimator import memory
     from profiler.case import Case
     from profiler.trace.step import trace
 
     case = Case("google/gemma-2-2b", dict(method="qlora", quant="nf4", batch=1, seq=512, attn="eager",
                                           activation_offload=True), warmup=1, steps=1)
     w, traced = case.workload(), trace(case)
-    real = memory.overhead
-
-    def saved_with(share):
-        monkeypatch.setattr(memory, "overhead", lambda name: share if name.startswith("activation_offload") else real(name))
-        return memory.saved_activation_bytes(w)
-
-    s0, s1 = saved_with(0.0), saved_with(1.0)
-    share = (traced.saved_activations_bytes - s0) / (s1 - s0)
-    assert 0.1 < share < 0.5
-    assert saved_with(share) == pytest.approx(traced.saved_activations_bytes, rel=1e-4)
+    saved = memory.saved_activation_bytes(w)
+    assert traced.saved_activations_bytes <= saved <= 1.015 * traced.saved_activations_bytes
     peak = memory.estimate_memory(w, 0.0, 0).peak_allocated_bytes
     assert peak == pytest.approx(traced.peak_allocated_bytes, rel=0.005)
 

@@ -56,6 +56,23 @@ def case_of(row: dict):
     return case, case.workload()
 
 
+def regime_of(path, row_id: str):
+    """The context a row of `path` is traced in: the regime it ran when
+    calibrations/measurements/superseded.csv lists it (fitting.data.superseded_regime; TRL
+    0.25.0-1.7.x's offloading: profiler.offload.legacy_dedupe), else nothing."""
+    from contextlib import nullcontext
+
+    from fitting.data import superseded_regime
+    from profiler.offload import legacy_dedupe
+
+    regime = superseded_regime(path, row_id)
+    if regime is None:
+        return nullcontext()
+    if regime == "trl-legacy-dedupe":
+        return legacy_dedupe()
+    raise ValueError(f"calibrations/measurements/superseded.csv: unknown regime {regime!r}")
+
+
 def against_measurements(gpu: str, match: str | None = None, log=print) -> tuple[list[MeasuredRow], list[tuple]]:
     """(rows traced, [(label, reason)] left out) for `gpu`'s committed measurements; `match` keeps
     the rows whose id contains it."""
@@ -73,7 +90,8 @@ def against_measurements(gpu: str, match: str | None = None, log=print) -> tuple
                 continue
             case, w = case_of(row)
             try:
-                result = trace(case, reserved=True)
+                with regime_of(path, row["id"]):
+                    result = trace(case, reserved=True)
             except NotImplementedError as exc:
                 left_out.append((label, f"not traceable: {exc}"))
                 continue
