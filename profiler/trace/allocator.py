@@ -4,8 +4,10 @@ Fake tensors have sizes but no memory, so nothing says at which device address a
 have put them. Two things on a GPU depend on it: what `torch.cuda.memory_reserved()` reaches (the
 segments the allocator asked cudaMalloc for, fragmentation included), and code keyed by a storage's
 address, such as TRL's activation offloading, which does not offload a saved tensor whose storage
-address it already offloaded in this forward: a later tensor that the allocator places in the
-block of an offloaded tensor already freed is kept on the device (profiler/offload.py).
+address it is tracking: TRL 0.25.0-1.7.x tracked every offloaded address to the end of the
+forward, so a later tensor that the allocator placed in the block of an offloaded tensor already
+freed was kept on the device; TRL 1.8.0 tracks it while the tensor is in its forward stash, which a
+view it copied first can still meet (profiler/offload.py).
 
 The rules are c10/cuda/CUDACachingAllocator.cpp's with its default settings (one stream, no
 max_split_size, no expandable segments, no garbage collection threshold):
