@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable
 
 MIN_OFFLOAD_BYTES = 1024     # TRL's min_offload_size
@@ -110,23 +110,32 @@ def _storage_key(t) -> tuple:
 def host_copy(pin: bool) -> Callable:
     """The GPU's copy, as TRL makes it: a (pinned) host tensor like the saved one (a broadcast
     tensor, with a zero stride: its storage instead), and the restore that copies it back to the
-    device as a new tensor of the same size and stride."""
+    device as a new tensor of the same size and stride. On the simulated device (CPU tensors
+    standing for the GPU's, profiler.device.simulated) the host copy is made as host memory, which
+    it does not count, and the restore is a new counted tensor, as the GPU's copy back is."""
     import torch
+
+    from profiler.device import simulated
+
+    sim = simulated.active()
+
+    def back(host, device):
+        return host.clone() if sim else host.to(device, non_blocking=pin)
 
     def copy(t):
         device = t.device
+        with simulated.host_memory() if sim else nullcontext():
+            if 0 in t.stride():
+                size, stride, offset = t.size(), t.stride(), t.storage_offset()
+                flat = torch.as_strided(t, (t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+                host = torch.empty(flat.shape, dtype=t.dtype, pin_memory=pin, device="cpu")
+                host.copy_(flat, non_blocking=pin)
+            else:
+                host = torch.empty_like(t, pin_memory=pin, device="cpu")
+                host.copy_(t, non_blocking=pin)
         if 0 in t.stride():
-            size, stride, offset = t.size(), t.stride(), t.storage_offset()
-            flat = torch.as_strided(t, (t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
-            host = torch.empty(flat.shape, dtype=t.dtype, pin_memory=pin, device="cpu")
-            host.copy_(flat, non_blocking=pin)
-
-            def restore():
-                return torch.as_strided(host.to(device, non_blocking=pin), size, stride, offset)
-            return host, restore
-        host = torch.empty_like(t, pin_memory=pin, device="cpu")
-        host.copy_(t, non_blocking=pin)
-        return host, lambda: host.to(device, non_blocking=pin)
+            return host, lambda: torch.as_strided(back(host, device), size, stride, offset)
+        return host, lambda: back(host, device)
     return copy
 
 

@@ -10,7 +10,8 @@ Under it the child runs its real code with `backend cuda`, but tensors live on t
   past `capacity_bytes` an allocation raises `torch.OutOfMemoryError` ("CUDA out of memory"), as the
   caching allocator does; peaks reset like `reset_peak_memory_stats`; reserved is the high-water
   mark rounded up to the allocator's 2 MiB segments, kept until `empty_cache()` (hardware reserve
-  is unknowable here); no retries;
+  is unknowable here); no retries; what `host_memory()` allocates (the activation offloader's host
+  copies) is the host's and not counted;
 - events and synchronisation: the wall clock;
 - NVML: "per-process" lists this process with reserved + context bytes, "none" lists no process
   (containers: the whole-device delta path), "mig" maps no device (not measured);
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -95,6 +97,7 @@ def _allocator_class():
             self.capacity_bytes = capacity_bytes
             self.peak_since_reset = 0
             self.high_water = 0           # what the caching allocator keeps reserved until empty_cache
+            self.host_depth = 0           # inside host_memory(): allocations are the host's
 
         def _add(self, st, category: str) -> None:
             super()._add(st, category)
@@ -109,6 +112,8 @@ def _allocator_class():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
+            if self.host_depth:
+                return out
             flat, _ = tree_flatten(out)
             for t in flat:
                 if isinstance(t, torch.Tensor) and t.device.type == "cpu":
@@ -118,6 +123,20 @@ def _allocator_class():
             return out
 
     return SimulatedAllocator
+
+
+@contextmanager
+def host_memory():
+    """Allocations made inside are host memory, which the simulated device does not count: the
+    activation offloader's copies (profiler.offload.host_copy), pinned host memory on a GPU."""
+    if _ALLOCATOR is None:
+        yield
+        return
+    _ALLOCATOR.host_depth += 1
+    try:
+        yield
+    finally:
+        _ALLOCATOR.host_depth -= 1
 
 
 def start() -> None:
