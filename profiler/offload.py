@@ -29,9 +29,10 @@ TRL 0.25.0 to 1.7.x kept an offloaded storage's key to the end of the forward (r
 1.8.0, huggingface/trl#6241), so a saved tensor that the caching allocator put in the block of an
 offloaded tensor freed earlier counted as already offloaded and stayed on the device: 13-44% of the
 offloaded bytes in whole-model traces and on the H100 (calibrations/measurements/h100-80gb/
-h100-second-contact-2026-11-27.csv, which ran it). `legacy_dedupe()` runs that; the tracer reproduces it by giving fake tensors the
-addresses of its model of the allocator (`fake_addresses`, profiler/trace/allocator.py), which it
-always does (a copied view's key can still meet a new tensor at its address).
+h100-second-contact-2026-11-27.csv, which ran it). `legacy_dedupe()` runs that; the tracer
+reproduces it by giving fake tensors the addresses of its model of the allocator (`fake_addresses`,
+profiler/trace/allocator.py), which it always does (a copied view's key can still meet a new
+tensor at its address).
 
 `Offloader(device_type, copy)`: `copy(tensor) -> (host, restore)` makes the host copy and returns the
 function that brings it back as a new device tensor. On a GPU (`host_copy`) that is a pinned copy;
@@ -65,11 +66,12 @@ _LEGACY: list = []         # inside legacy_dedupe(): TRL 0.25.0-1.7.x's deduplic
 
 @contextmanager
 def legacy_dedupe():
-    """While inside, an Offloader made does what TRL 0.25.0 to 1.7.x did (huggingface/trl @0167b7d):
-    an offloaded storage's key stays for the whole forward, so a later tensor the caching allocator
-    puts at a freed offloaded tensor's address stays on the device; and no view is copied before its
-    host copy. The H100 rows measured on 2026-11-27 ran this (calibrations/measurements/superseded.csv);
-    the tracer reproduces them with it (tests/test_measured_h100.py)."""
+    """While inside, an Offloader made does what huggingface/trl @0167b7d (TRL 0.25.0 to 1.3.x) did:
+    an offloaded storage's key stays for the whole forward (as up to 1.7.x), so a later tensor the
+    caching allocator puts at a freed offloaded tensor's address stays on the device; no view is
+    copied before its host copy (1.4.0 on copy it) and the cache is not emptied (1.5.0 on). The H100
+    rows measured on 2026-11-27 ran this (calibrations/measurements/superseded.csv); the tracer
+    reproduces them with it (tests/test_measured_h100.py)."""
     _LEGACY.append(True)
     try:
         yield
@@ -212,12 +214,11 @@ class Offloader:
             del self.fwd_stash[old]
             self._release(old)
         original = t
-        if self.legacy:
-            pass
-        elif 0 not in t.stride() and t.storage_offset() != 0:   # TRL copies a view that does not
-            t = t.clone(memory_format=torch.contiguous_format)   # start its storage, and a
-        elif 0 not in t.stride() and not t.is_contiguous():       # strided one (not a broadcast)
-            t = t.contiguous()
+        if not self.legacy and 0 not in t.stride():    # TRL >= 1.4.0 copies a view that does not
+            if t.storage_offset() != 0:                 # start its storage, and a strided one (not
+                t = t.clone(memory_format=torch.contiguous_format)   # a broadcast)
+            elif not t.is_contiguous():
+                t = t.contiguous()
         _, restore = self.copy(t)
         self.tracker[number] = ("host", restore)
         self.fwd_stash[number] = t        # the (copied) device tensor, until 5 later
@@ -228,7 +229,8 @@ class Offloader:
     def _track(self, key, number: int, t) -> None:
         """TRL's track_storage_key; for a fake tensor without the tracer's addresses, a weak
         reference to its storage too (its key is the storage object's, which a new one may reuse)."""
-        ref = weakref.ref(t.untyped_storage()) if t is not None and _is_fake(t) and not _FAKE_ADDRESS else None
+        weak = t is not None and _is_fake(t) and not _FAKE_ADDRESS
+        ref = weakref.ref(t.untyped_storage()) if weak else None
         self.tracked[key] = (number, ref)
         self.key_of[number] = key
 
@@ -326,7 +328,7 @@ def offload_activations(model, device_type: str, copy: Callable):
     head = base.get_output_embeddings()
     offloader = Offloader(model, device_type, copy)
     if device_type == "cuda" and "bitsandbytes" in sys.modules and not offloader.legacy:
-        torch.cuda.empty_cache()   # TRL >= 1.8.0's __enter__ (huggingface/trl#5730): bitsandbytes' buffers
+        torch.cuda.empty_cache()   # TRL >= 1.5.0's __enter__ (huggingface/trl#5730): bitsandbytes' buffers
     stack, handles = [], []
     if head is not None:
         def enter(*_):
