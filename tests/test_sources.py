@@ -101,6 +101,33 @@ def test_trainingarguments_own_dict_is_read():
     assert "precision" not in r.fields                          # bf16 and fp16 both false: weights as loaded
 
 
+def test_trl_activation_offloading_is_read():
+    """TRL's SFTConfig(activation_offloading=True) (trl/trainer/sft_config.py; DPO, KTO and reward
+    configs have it too) is --activation-offload: read, not listed as unmodelled or ignored."""
+    r = training_args.workload_fields({"activation_offloading": True, "per_device_train_batch_size": 2}, "sft")
+    assert r.fields["activation_offload"] is True and r.origin["activation_offload"] == "sft: activation_offloading"
+    assert not r.unmodelled and not r.ignored
+    assert training_args.workload_fields({"activation_offloading": False}, "sft").fields["activation_offload"] is False
+
+
+@pytest.mark.parametrize("recipe, fields, unmodelled", [
+    ({"gradient_checkpointing": True, "activation_offloading": True}, {"grad_ckpt": True, "activation_offload": True}, ""),
+    ({"gradient_checkpointing": "offload"}, {"grad_ckpt": True, "activation_offload": True}, ""),
+    ({"gradient_checkpointing": True, "activation_offloading": "legacy"}, {"grad_ckpt": True}, "'legacy'"),
+    ({"gradient_checkpointing": "offload_disk"}, {"grad_ckpt": True}, "offload_disk"),
+])
+def test_axolotl_activation_offloading_is_read(recipe, fields, unmodelled):
+    """axolotl: `activation_offloading: true` is TRL's OffloadActivations around checkpointed layers;
+    `gradient_checkpointing: offload` converts to it; its own `legacy` and `disk` offloading are said
+    to be not modelled (and are not counted as TRL's)."""
+    from estimator.sources import axolotl
+
+    r = axolotl.read(recipe, "recipe")
+    assert {k: v for k, v in r.fields.items() if k in ("grad_ckpt", "activation_offload")} == fields
+    assert not r.ignored
+    assert (any(unmodelled in u for u in r.unmodelled) if unmodelled else not r.unmodelled)
+
+
 def test_deepspeed_auto_sizes_are_the_modelled_ones_and_explicit_sizes_are_said():
     auto = deepspeed.read({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
                                                  "stage3_prefetch_bucket_size": "auto"}})

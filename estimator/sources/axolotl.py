@@ -1,7 +1,7 @@
 """An Axolotl recipe YAML -> Workload fields (axolotl `utils/schemas/config.py` key names:
 base_model, adapter, load_in_4bit/8bit, lora_r, lora_target_modules / lora_target_linear, peft_use_dora,
 sequence_len, micro_batch_size, gradient_accumulation_steps, num_epochs, gradient_checkpointing,
-bf16/fp16, optimizer, flash_attention / sdp_attention, deepspeed, fsdp, liger plugin flags)."""
+activation_offloading, bf16/fp16, optimizer, flash_attention / sdp_attention, deepspeed, fsdp, liger plugin flags)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,24 @@ QUIET = ("base_model_config", "model_type", "tokenizer_type", "tokenizer_config"
          "pad_to_sequence_len", "strict", "chat_template", "seed", "resume_from_checkpoint", "local_rank",
          "early_stopping_patience", "debug", "hub_model_id", "max_grad_norm", "eval_sample_packing",
          "tf32", "plugins", "lora_model_dir", "gradient_checkpointing_kwargs", "bnb_config_kwargs")
+
+
+def _activation_offloading(m: Mapper) -> None:
+    """`activation_offloading: true` runs TRL's OffloadActivations around the checkpointed layers
+    (axolotl's ActivationOffloadingMixin: trl.models.activation_offloading); `gradient_checkpointing:
+    offload` is converted to it (the schema's check_gradient_checkpointing_w_offload). `legacy`
+    (axolotl's own offloading checkpoint function) and `disk` (`gradient_checkpointing:
+    offload_disk`) are other implementations: listed as not modelled."""
+    value = m.get("activation_offloading", (bool, str))
+    checkpointing = m.data.get("gradient_checkpointing")
+    if value is True:
+        m.set("activation_offload", True, "activation_offloading")
+    elif value is None and checkpointing == "offload":
+        m.set("activation_offload", True, "gradient_checkpointing (offload)")
+    elif value in ("legacy", "disk") or (value is None and checkpointing == "offload_disk"):
+        what = f"activation_offloading = {value!r}" if value else "gradient_checkpointing = 'offload_disk'"
+        m.reading.unmodelled.append(f"{m.name}: {what} (axolotl's own offloading, not TRL's: not modelled; "
+                                    "--activation-offload models TRL's)")
 
 
 def read(config: dict, name: str = "axolotl recipe", base_dir: Path | None = None) -> Reading:
@@ -54,7 +72,9 @@ def read(config: dict, name: str = "axolotl recipe", base_dir: Path | None = Non
     m.take("sequence_len", "seq", int)
     m.take("micro_batch_size", "batch", int)
     m.take("gradient_accumulation_steps", "grad_accum", int)
-    m.take("gradient_checkpointing", "grad_ckpt", (bool, str), lambda v: v is True or v == "unsloth")
+    m.take("gradient_checkpointing", "grad_ckpt", (bool, str),
+           lambda v: v is True or v in ("unsloth", "offload", "offload_disk"))
+    _activation_offloading(m)
     if m.get("bf16", (bool, str)) in (True, "auto"):
         m.set("precision", "bf16", "bf16")
     elif m.get("fp16", bool):

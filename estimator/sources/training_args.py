@@ -63,7 +63,7 @@ def workload_fields(args: dict, name: str = "training arguments", base_dir: Path
     m.unmodelled("packing", "sequences are packed to max_length: the estimate uses seq = max_length")
     m.unmodelled("auto_find_batch_size", "the Trainer halves the batch on OOM; the estimate uses the given batch")
     m.unmodelled("torch_empty_cache_steps", "empty_cache between steps changes reserved memory only")
-    m.unmodelled("activation_offloading", "use --activation-offload")
+    m.take("activation_offloading", "activation_offload", bool)   # TRL's SFT/DPO/KTO/Reward configs
     ds = m.get("deepspeed", (str, dict))
     if ds is not None:
         from estimator.sources import deepspeed, load
