@@ -902,12 +902,19 @@ def outside_layers_bytes_per_token(key: ActivationKey) -> int:
     dt, hidden = dtypes(key), spec.hidden_size
     trains = key.method == "full"
     total = norm_bytes(key, trains) if spec.final_norm else 0
-    total += _input_bytes(key, dt, ("lm_head",), dt.residual) * hidden   # trained, or an adapter on it
+    total += lm_head_input_bytes_per_token(key)
     if spec.embed_norm:
         total += norm_bytes(key, trains)
     if _dropout(spec, "embed"):
         total += hidden
     return total - _first_layer_discount(key)
+
+
+def lm_head_input_bytes_per_token(key: ActivationKey) -> int:
+    """The lm_head's saved input (part of `outside_layers_bytes_per_token`): when it trains, or an
+    adapter on it does."""
+    dt = dtypes(key)
+    return _input_bytes(key, dt, ("lm_head",), dt.residual) * key.model.hidden_size
 
 
 def _first_layer_discount(key: ActivationKey) -> int:

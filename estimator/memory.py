@@ -371,6 +371,7 @@ class _ForwardBackward:
     total: float          # the whole working set at the peak (gradients accumulated excluded)
     offloaded: float = 0.0  # saved activations moved to host memory (--activation-offload)
     fp8_casts: float = 0.0  # torchao float8 casts alive at the peak (`fp8_workspace`, or 0)
+    host: float = 0.0       # pinned host copies of the offloaded saves (`_offload_host_bytes`)
 
 
 def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes,
@@ -393,7 +394,21 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
         # (Liger's loss beside the lm_head's autocast cast) has only the saved inputs
         acts = min(acts + per_token.layer * tokens, max(acts, total - casts))
     offloaded = max(0.0, (sizes.layers - on_device) * per_layer - kept) if w.activation_offload else 0.0
-    return _ForwardBackward(acts, casts, total, offloaded, fp8_alive)
+    host = _offload_host_bytes(w, per_token, sizes) if w.activation_offload else 0.0
+    return _ForwardBackward(acts, casts, total, offloaded, fp8_alive, host)
+
+
+def _offload_host_bytes(w: Workload, per_token: _PerToken, sizes: Sizes) -> float:
+    """Pinned host memory TRL's offloading holds when the forward ends (profiler/offload.py): a copy
+    of every offloaded save, one per storage: every layer's saved tensors (the layer in flight and
+    the storages a later save keeps on the device included: their first save was copied), or every
+    checkpointed input; the final norm's and the loss's (log_softmax's output); not the output
+    head's input (TRL leaves the head out). The backward frees each copy as it brings it back."""
+    key = _activation_key(w)
+    per_layer = per_token.checkpoint if w.grad_ckpt else per_token.layer
+    fixed = 0 if w.grad_ckpt else act.layer_fixed_bytes(key)
+    outside = per_token.outside - act.lm_head_input_bytes_per_token(key) + per_token.logits_saved
+    return sizes.layers * (per_layer * _scale(w) + fixed) + outside * _scale(w)
 
 
 def _moments(w: Workload, per_token: _PerToken, params: ParamCounts, sizes: Sizes, trained: Training,
@@ -811,7 +826,7 @@ def components(w: Workload) -> Components:
     return Components(
         training=True, multi_gpu=w.world_size > 1, weights=weights, gradients=gradients,
         optimizer_states=states.optimizer, master_weights=states.master, zero_buffers=states.zero_buffers,
-        paged_optimizer=states.paged, host=states.host + forward_backward.offloaded, activations=acts,
+        paged_optimizer=states.paged, host=states.host + forward_backward.host, activations=acts,
         logits_and_loss=logits,
         optimizer_temporaries=temps, autocast_weight_cache=casts, quant_workspace=quant_workspace,
         accumulated_gradients=accumulated, kv_cache=0, kv_growth=0,

@@ -168,13 +168,15 @@ def step_copy(pin: bool) -> Callable:
 
 class Offloader:
     """The saved-tensor hooks of one model (see the module docstring). `moved` counts host copies,
-    `kept` the saved tensors left on the device (each save once)."""
+    `kept` the saved tensors left on the device (each save once); `host_bytes` is what the host
+    copies alive hold (made in the forward, freed as the backward brings each back),
+    `peak_host_bytes` its peak."""
 
     def __init__(self, model, device_type: str, copy: Callable):
         self.device_type = device_type
         self.copy = copy
         self.params = {_address(p) for p in model.parameters() if p.device.type != "meta"}
-        self.tracker: dict[int, tuple] = {}       # number -> ("kept", tensor) | ("host", restore)
+        self.tracker: dict[int, tuple] = {}       # number -> ("kept", tensor) | ("host", (restore, bytes))
         self.tracked: dict = {}                   # storage key -> (number, weak reference | None)
         self.key_of: dict[int, tuple] = {}        # number -> storage key it tracks
         self.fwd_stash: dict[int, object] = {}   # number -> device tensor (kept until 5 later)
@@ -185,6 +187,8 @@ class Offloader:
         self.moved = 0
         self.kept = 0
         self.legacy = bool(_LEGACY)                # TRL 0.25.0-1.7.x (legacy_dedupe)
+        self.host_bytes = 0
+        self.peak_host_bytes = 0
 
     # ---- forward -----------------------------------------------------------------------------
     def pack(self, t) -> int:
@@ -220,7 +224,10 @@ class Offloader:
             elif not t.is_contiguous():
                 t = t.contiguous()
         _, restore = self.copy(t)
-        self.tracker[number] = ("host", restore)
+        nbytes = t.untyped_storage().nbytes() if 0 in t.stride() else t.element_size() * t.nelement()
+        self.tracker[number] = ("host", (restore, nbytes))
+        self.host_bytes += nbytes
+        self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
         self.fwd_stash[number] = t        # the (copied) device tensor, until 5 later
         self._track(key, number, original)
         self.moved += 1
@@ -270,11 +277,13 @@ class Offloader:
         self._release(number)
         if kind == "kept":
             return value
+        restore, nbytes = value
+        self.host_bytes -= nbytes          # TRL drops its host copy once it is unpacked
         previous = self._new_node()
         if number in self.fwd_stash:
             t = self.fwd_stash[number]
         else:
-            t = value()
+            t = restore()
             self.bwd_stash[number] = t
         self._after_node(previous)
         return t
