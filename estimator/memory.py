@@ -398,6 +398,19 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
     return _ForwardBackward(acts, casts, total, offloaded, fp8_alive, host)
 
 
+def activation_offload_copies(w: Workload) -> tuple[float, float]:
+    """(bytes TRL's offloading copies to the host in one micro-batch's forward, bytes it copies
+    back in the backward), per GPU: a copy of every offloaded save (`_offload_host_bytes`); back,
+    all but the loss's saved output, the last save, which the backward's first node takes from the
+    forward stash (profiler/offload.py). (0, 0) without offloading."""
+    if not (w.training and w.activation_offload):
+        return 0.0, 0.0
+    key = _activation_key(w)
+    per_token = _per_token(key)
+    out = _offload_host_bytes(w, per_token, local_sizes(w, count_params(w.model)))
+    return out, max(0.0, out - per_token.logits_saved * _scale(w))
+
+
 def _offload_host_bytes(w: Workload, per_token: _PerToken, sizes: Sizes) -> float:
     """Pinned host memory TRL's offloading holds when the forward ends (profiler/offload.py): a copy
     of every offloaded save, one per storage: every layer's saved tensors (the layer in flight and

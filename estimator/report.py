@@ -122,10 +122,11 @@ def render_estimate(result: Estimate, tips: list[str]) -> str:
 
 
 def _train_time_lines(t) -> list[str]:
-    """Step = compute + exposed communication + optimizer step + gradient clipping + overhead, and why
-    comm is hidden or not."""
+    """Step = compute + exposed communication + optimizer step + gradient clipping + overhead (+ the
+    activation offloading copies compute does not hide), and why comm is hidden or not."""
+    copies = f" + offload copies {t.activation_offload_s:.3f}" if t.activation_offload_s else ""
     lines = [f"time  step {t.step_s:.3f} s = compute {t.compute_s:.3f} + exposed comm {t.exposed_comm_s:.3f}"
-             f" + optimizer {t.optimizer_s:.3f} + clip {t.clip_s:.3f} + overhead {t.overhead_s:.3f}"
+             f" + optimizer {t.optimizer_s:.3f} + clip {t.clip_s:.3f} + overhead {t.overhead_s:.3f}{copies}"
              f"   {t.tokens_per_s:,.0f} tokens/s"
              f"   MFU {t.mfu:.2f} (HFU {t.hfu:.2f})"]
     if t.launch_bound:

@@ -44,7 +44,7 @@ from estimator.compute_time import compute_parts, gemm_passes
 from estimator.defaults import time_constant
 from estimator.fp8 import converted_weights
 from estimator.flops import attention_flops_per_token, decode_flops_per_token, prefill_flops, training_flops
-from estimator.memory import MemoryBreakdown, kv_cache_bytes
+from estimator.memory import MemoryBreakdown, activation_offload_copies, kv_cache_bytes
 from estimator.ops import micro_batch_ops
 from estimator.params import count_params
 from estimator.regimes import regime
@@ -80,6 +80,7 @@ class TimeBreakdown:
     launch_bound: bool = False   # the floor, not the roofline, sets compute_s
     microbatch_s: float = 0.0    # training: one micro-batch's compute (compute_s / grad_accum)
     reduction_exposed_s: float = 0.0   # several GPUs: what one gradient reduction adds to its micro-batch
+    activation_offload_s: float = 0.0  # training, per step: offloading's host copies compute does not hide
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -282,7 +283,8 @@ def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreak
     opt = optimizer_seconds(w, gpu, memory, off)
     clip = clip_seconds(w, gpu, memory, off)
     overhead = time_constant("step_overhead_s") if step_overhead_s is None else step_overhead_s
-    step = compute + exposed + opt + clip + overhead
+    copies = w.grad_accum * activation_offload_seconds(w, gpu, micro_batch)
+    step = compute + exposed + opt + clip + overhead + copies
     tokens = w.batch * w.seq * w.grad_accum
     model_flops = w.grad_accum * flops.model_flops
     return TimeBreakdown(step, compute, comm.total_s, exposed, tokens * w.dp / step, tokens / (step * w.tp * w.pp),
@@ -290,7 +292,23 @@ def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreak
                          overhead_s=overhead, clip_s=clip, hfu=hfu, comm_bound=comm.overlappable_s > compute,
                          compute_parts=parts.to_dict(), launch_floor_s=w.grad_accum * floor,
                          launch_bound=floor > parts.total_s, microbatch_s=micro_batch,
-                         reduction_exposed_s=comm.last_reduction_exposed_s(micro_batch * backward_share(w)))
+                         reduction_exposed_s=comm.last_reduction_exposed_s(micro_batch * backward_share(w)),
+                         activation_offload_s=copies)
+
+
+def activation_offload_seconds(w: Workload, gpu: tables.GpuSpec, micro_batch_s: float) -> float:
+    """What activation offloading's copies add to one micro-batch (TRL's OffloadActivations,
+    profiler/offload.py; memory.activation_offload_copies): the forward copies every offloaded save
+    to pinned host memory and the backward copies them back, over the GPU's host link (`host_link`).
+    TRL copies on a side stream, so each direction hides behind its pass's compute at best (the
+    forward waits only on the copy five saves back; the backward's copy can run while the GPU works
+    through what the host queued before): what takes longer than its pass shows."""
+    out, back = activation_offload_copies(w)
+    if not out:
+        return 0.0
+    link = host_link(gpu).bandwidth_bytes_per_s
+    backward = micro_batch_s * backward_share(w)
+    return max(0.0, out / link - (micro_batch_s - backward)) + max(0.0, back / link - backward)
 
 
 def launch_floor_seconds(w: Workload, host_s_per_op: float | None = None) -> float:

@@ -435,3 +435,30 @@ def test_gathers_hide_behind_the_whole_step_and_reductions_behind_their_backward
     assert comm.exposed_s(compute_s=10.0) == pytest.approx(0.3)        # no window given: the whole compute
     four = Comm(overlappable_s=4.0, tail_s=0.0, after_s=0.0, reduce_s=1.0, reduces=4)    # DeepSpeed: each micro-batch
     assert four.exposed_s(compute_s=20.0, backward_s=0.75) == pytest.approx(4 * 0.25)
+
+
+def test_activation_offloading_copies_show_where_compute_cannot_hide_them(monkeypatch):
+    """TRL's offloading copies every offloaded save to the host in the forward and back in the
+    backward (all but the loss's output, still in the forward stash) on a side stream: each direction
+    hides behind its own pass's compute. Over a very fast host link nothing shows; over a very slow
+    one the step grows by the copies less the compute; without offloading, by nothing."""
+    from estimator import memory, tables, timing
+
+    w = Workload(load_spec("llama-3.2-1b"), method="full", batch=2, seq=1024, activation_offload=True).validate()
+    out, back = memory.activation_offload_copies(w)
+    host = memory.estimate_memory(w, 0.0, 0).host_bytes
+    assert out == pytest.approx(host, rel=1e-9) and 0 < back < out
+    assert memory.activation_offload_copies(w.with_(activation_offload=False)) == (0.0, 0.0)
+    plain = estimate(w.with_(activation_offload=False), "h100-80gb", "none").time
+    assert plain.activation_offload_s == 0.0
+
+    def link(bandwidth):
+        return tables.Interconnect("test", bandwidth, 5e-6, "intra-node", "test", "2026-11-28")
+
+    monkeypatch.setattr(timing, "host_link", lambda gpu: link(10**15))
+    fast = estimate(w, "h100-80gb", "none").time
+    assert fast.activation_offload_s == 0.0
+    monkeypatch.setattr(timing, "host_link", lambda gpu: link(10**8))
+    slow = estimate(w, "h100-80gb", "none").time
+    assert slow.activation_offload_s == pytest.approx((out + back) / 1e8 - slow.microbatch_s, rel=1e-9)
+    assert slow.step_s == pytest.approx(fast.step_s + slow.activation_offload_s, rel=1e-9)
