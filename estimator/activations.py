@@ -767,9 +767,10 @@ def _shared_input_bytes(key: ActivationKey, dt: Dtypes, roles, x_bytes: int) -> 
 def offload_kept_bytes_per_token(key: ActivationKey) -> int:
     """Bytes per token of one decoder layer that TRL's activation offloading keeps on the device
     (profiler/offload.py: it offloads a storage at its first save and keeps a later save of it there
-    while the first is still in its forward stash, a few saves on): an RMSNorm's fp32 input, which its pow and its mul both save (the q/k norms' too), and the normed hidden state
-    when two or more linears save it (separate q/k/v or gate/up projections of a full fine-tune,
-    adapters in the input's dtype)."""
+    while the first is still in its forward stash, a few saves on): an RMSNorm's fp32 input, which
+    its pow and its mul both save (the q/k norms' too), and the normed hidden state when two or more
+    linears save it (separate q/k/v or gate/up projections of a full fine-tune, adapters in the
+    input's dtype)."""
     spec = key.model
     dt, hidden = dtypes(key), spec.hidden_size
     kept = 0
