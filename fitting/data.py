@@ -33,6 +33,7 @@ import csv
 import hashlib
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -128,8 +129,13 @@ def superseded() -> dict[tuple[str, str], str]:
     """{(the file's folder/name, row id): regime} of the rows calibrations/measurements/superseded.csv
     lists: measured under a regime the estimator and the profiler no longer run (each with its
     reason there), so never fitted; profiler.trace.measured traces them in that regime."""
-    with SUPERSEDED_FILE.open(newline="") as f:
-        return {(r["file"], r["id"]): r["regime"] for r in csv.DictReader(f)}
+    return dict(_superseded(SUPERSEDED_FILE))
+
+
+@lru_cache(maxsize=4)
+def _superseded(path: Path) -> tuple:
+    with Path(path).open(newline="") as f:
+        return tuple(((r["file"], r["id"]), r["regime"]) for r in csv.DictReader(f))
 
 
 def superseded_regime(path, row_id: str) -> str | None:
