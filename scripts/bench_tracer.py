@@ -314,6 +314,9 @@ def _measured(args) -> int:
     for what, name in (("allocated", "traced peak_allocated_bytes"), ("reserved", "traced peak_reserved_bytes"),
                        ("estimated", "estimator peak_reserved_bytes")):
         s = sums[what]
+        if not s["n"]:      # the estimator leaves superseded rows out (calibrations/measurements/superseded.csv)
+            print(f"{name:<31} n=0")
+            continue
         print(f"{name:<31} n={s['n']:<3} median |error| {100 * s['median_abs']:.2f}%   worst "
               f"{100 * s['worst_abs']:.2f}%   under-estimates {100 * s['under_rate']:.0f}%")
     for label, why in left_out:

@@ -31,13 +31,17 @@ class MeasuredRow:
     measured_reserved_bytes: int
     traced_allocated_bytes: int
     traced_reserved_bytes: int
-    estimated_reserved_bytes: int     # the raw estimator (no calibration), for comparison
+    estimated_reserved_bytes: int | None   # the raw estimator (no calibration), for comparison; None
+                                           # for a superseded row (it ran a regime the estimator left)
     trace_s: float
 
-    def error(self, what: str) -> float:
-        """(traced or estimated - measured) / measured: what is allocated, reserved or estimated."""
+    def error(self, what: str) -> float | None:
+        """(traced or estimated - measured) / measured: what is allocated, reserved or estimated
+        (None: not estimated)."""
         got = {"allocated": self.traced_allocated_bytes, "reserved": self.traced_reserved_bytes,
                "estimated": self.estimated_reserved_bytes}[what]
+        if got is None:
+            return None
         measured = self.measured_allocated_bytes if what == "allocated" else self.measured_reserved_bytes
         return got / measured - 1.0
 
@@ -77,6 +81,7 @@ def against_measurements(gpu: str, match: str | None = None, log=print) -> tuple
     """(rows traced, [(label, reason)] left out) for `gpu`'s committed measurements; `match` keeps
     the rows whose id contains it."""
     from estimator.api import estimate
+    from fitting.data import superseded_regime
     from profiler.trace.step import trace
 
     rows, left_out = [], []
@@ -89,19 +94,20 @@ def against_measurements(gpu: str, match: str | None = None, log=print) -> tuple
                 left_out.append((label, "several processes: not traced"))
                 continue
             case, w = case_of(row)
+            superseded = superseded_regime(path, row["id"]) is not None
             try:
                 with regime_of(path, row["id"]):
                     result = trace(case, reserved=True)
             except NotImplementedError as exc:
                 left_out.append((label, f"not traceable: {exc}"))
                 continue
-            est = estimate(w, gpu, calibration="none")
+            est = None if superseded else estimate(w, gpu, calibration="none").memory.peak_reserved_bytes
             r = MeasuredRow(label, path.name, int(row["peak_allocated_bytes"]), int(row["peak_reserved_bytes"]),
-                            result.peak_allocated_bytes, result.peak_reserved_bytes,
-                            est.memory.peak_reserved_bytes, result.trace_s)
+                            result.peak_allocated_bytes, result.peak_reserved_bytes, est, result.trace_s)
             rows.append(r)
             if log:
+                versus = ("estimator: superseded regime" if est is None
+                          else f"estimator {100 * r.error('estimated'):+6.2f}%")
                 log(f"{label[:70]:70} allocated {100 * r.error('allocated'):+6.2f}%  reserved "
-                    f"{100 * r.error('reserved'):+6.2f}%  (estimator {100 * r.error('estimated'):+6.2f}%)  "
-                    f"{r.trace_s:5.1f} s")
+                    f"{100 * r.error('reserved'):+6.2f}%  ({versus})  {r.trace_s:5.1f} s")
     return rows, left_out
