@@ -398,7 +398,7 @@ def _forward_backward(w: Workload, per_token: _PerToken, params: ParamCounts, si
     return _ForwardBackward(acts, casts, total, offloaded, fp8_alive, host)
 
 
-def activation_offload_copies(w: Workload) -> tuple[float, float]:
+def activation_offload_copy_bytes(w: Workload) -> tuple[float, float]:
     """(bytes TRL's offloading copies to the host in one micro-batch's forward, bytes it copies
     back in the backward), per GPU: a copy of every offloaded save (`_offload_host_bytes`); back,
     all but the loss's saved output, the last save, which the backward's first node takes from the

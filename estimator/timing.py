@@ -44,7 +44,7 @@ from estimator.compute_time import compute_parts, gemm_passes
 from estimator.defaults import time_constant
 from estimator.fp8 import converted_weights
 from estimator.flops import attention_flops_per_token, decode_flops_per_token, prefill_flops, training_flops
-from estimator.memory import MemoryBreakdown, activation_offload_copies, kv_cache_bytes
+from estimator.memory import MemoryBreakdown, activation_offload_copy_bytes, kv_cache_bytes
 from estimator.ops import micro_batch_ops
 from estimator.params import count_params
 from estimator.regimes import regime
@@ -298,12 +298,12 @@ def train_time(w: Workload, gpu: tables.GpuSpec, hfu: float, memory: MemoryBreak
 
 def activation_offload_seconds(w: Workload, gpu: tables.GpuSpec, micro_batch_s: float) -> float:
     """What activation offloading's copies add to one micro-batch (TRL's OffloadActivations,
-    profiler/offload.py; memory.activation_offload_copies): the forward copies every offloaded save
+    profiler/offload.py; memory.activation_offload_copy_bytes): the forward copies every offloaded save
     to pinned host memory and the backward copies them back, over the GPU's host link (`host_link`).
     TRL copies on a side stream, so each direction hides behind its pass's compute at best (the
     forward waits only on the copy five saves back; the backward's copy can run while the GPU works
     through what the host queued before): what takes longer than its pass shows."""
-    out, back = activation_offload_copies(w)
+    out, back = activation_offload_copy_bytes(w)
     if not out:
         return 0.0
     link = host_link(gpu).bandwidth_bytes_per_s

@@ -87,7 +87,8 @@ def test_offloading_traced_with_the_allocator_model_lands_within_1_5_percent(row
 def test_offloading_rows_of_the_old_trl_sit_inside_the_notes_range_and_the_bound(row):
     """The estimate follows TRL >= 1.8.0, these rows ran 0.25.0-1.7.x: each lies between the point
     and the point plus the note's highest share of the offloaded bytes (what that TRL also kept,
-    estimator.memory.legacy_offload_share), and the uncalibrated safe bound covers it."""
+    estimator.memory.legacy_offload_share, whose range these rows and the traces set: the check
+    that the range the note states still holds them), and the uncalibrated safe bound covers it."""
     from estimator.memory import legacy_offload_share
 
     est = estimate(workload_from_row(row), "h100-80gb", calibration="none")
@@ -103,7 +104,9 @@ def test_the_old_trl_rows_are_listed_superseded_and_not_fitted():
     from fitting.data import superseded_regime
 
     assert all(superseded_regime(SECOND, r["id"]) == "trl-legacy-dedupe" for r in OFFLOADED)
-    assert sum(superseded_regime(SECOND, r["id"]) is not None for r in ROWS + SECOND_ROWS) == 3
+    listed = ([superseded_regime(FILE, r["id"]) for r in ROWS]
+              + [superseded_regime(SECOND, r["id"]) for r in SECOND_ROWS])
+    assert sum(regime is not None for regime in listed) == 3
     table = json.loads((ROOT / "calibrations" / "h100-80gb.json").read_text())
     assert table["provenance"]["points"] == len(ROWS) + len(SECOND_ROWS) - 3
 

@@ -445,10 +445,10 @@ def test_activation_offloading_copies_show_where_compute_cannot_hide_them(monkey
     from estimator import memory, tables, timing
 
     w = Workload(load_spec("llama-3.2-1b"), method="full", batch=2, seq=1024, activation_offload=True).validate()
-    out, back = memory.activation_offload_copies(w)
+    out, back = memory.activation_offload_copy_bytes(w)
     host = memory.estimate_memory(w, 0.0, 0).host_bytes
     assert out == pytest.approx(host, rel=1e-9) and 0 < back < out
-    assert memory.activation_offload_copies(w.with_(activation_offload=False)) == (0.0, 0.0)
+    assert memory.activation_offload_copy_bytes(w.with_(activation_offload=False)) == (0.0, 0.0)
     plain = estimate(w.with_(activation_offload=False), "h100-80gb", "none").time
     assert plain.activation_offload_s == 0.0
 
