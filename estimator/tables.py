@@ -24,7 +24,8 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 
 GPU_COLUMNS = ("slug", "name", "memory_bytes", "bf16_dense_tflops", "fp16_dense_tflops",
                "tf32_dense_tflops", "fp32_tflops", "int8_dense_tops", "fp8_dense_tflops",
-               "memory_bandwidth_bytes_per_s", "intra_node_interconnect", "compute_capability", "source", "date")
+               "memory_bandwidth_bytes_per_s", "intra_node_interconnect", "host_interconnect", "compute_capability",
+               "source", "date")
 INTERCONNECT_COLUMNS = ("name", "bandwidth_bytes_per_s", "latency_s", "scope", "source", "date")
 PRICE_COLUMNS = ("slug", "provider", "tier", "region", "multi_node", "usd_per_gpu_hour", "pricing", "source", "date")
 # tier: what kind of offering (RunPod's Community Cloud is third-party hosts; Secure Cloud its data
@@ -70,6 +71,9 @@ class GpuSpec:
     # (None: no fp8 tensor cores); its datasheet figure is quoted in `source`
     fp8_dense_tflops: float | None = None
     compute_capability: str = ""      # CUDA compute capability "major.minor" (NVIDIA's CUDA GPUs list)
+    # the link to host memory, a PCIe name in interconnects.csv, when the peer link is not it (an
+    # SXM board's NVLink); "" where the datasheet at hand does not state it (estimator.timing.host_link)
+    host_interconnect: str = ""
 
     @property
     def compute_capability_major(self) -> int:
@@ -277,13 +281,17 @@ def _load_gpus(path: Path) -> dict[str, GpuSpec]:
             raise r.fail("intra_node_interconnect", f"unknown interconnect '{link}'; known: {', '.join(links)}")
         if links[link].scope != "intra-node":
             raise r.fail("intra_node_interconnect", f"'{link}' is not an intra-node link")
+        host = r.values["host_interconnect"].strip()
+        if host and (host not in links or not host.startswith("pcie")):
+            raise r.fail("host_interconnect", f"'{host}' is not a PCIe link of interconnects.csv "
+                                              f"({', '.join(n for n in links if n.startswith('pcie'))})")
         out[slug] = GpuSpec(
             slug, r.text("name"), r.integer("memory_bytes"),
             r.number("bf16_dense_tflops", optional=True), r.number("fp16_dense_tflops", optional=True),
             r.number("tf32_dense_tflops", optional=True), r.number("fp32_tflops"),
             r.number("int8_dense_tops", optional=True), r.integer("memory_bandwidth_bytes_per_s"),
             link, *r.provenance(), fp8_dense_tflops=r.number("fp8_dense_tflops", optional=True),
-            compute_capability=capability)
+            compute_capability=capability, host_interconnect=host)
     return out
 
 

@@ -150,9 +150,10 @@ def _sharded(w: Workload) -> bool:
 
 
 def host_link(gpu: tables.GpuSpec) -> tables.Interconnect:
-    """The GPU's link to host memory: its PCIe generation where that is its peer link, else PCIe 4.0
-    x16 (SXM boards: NVLink between GPUs, PCIe to the host)."""
-    name = gpu.intra_node_interconnect
+    """The GPU's link to host memory: gpus.csv's host_interconnect (an SXM board: NVLink between
+    GPUs, PCIe to the host), else its peer link when that is PCIe, else PCIe 4.0 x16 where the
+    datasheet at hand does not say (the slower link: more copy time, not less)."""
+    name = gpu.host_interconnect or gpu.intra_node_interconnect
     return tables.interconnect(name if name.startswith("pcie") else "pcie4-x16")
 
 

@@ -354,3 +354,23 @@ def test_a_job_on_an_unpriced_gpu_has_memory_time_and_no_price_never_zero(capsys
     setups = json.loads(out)["setups"]
     priced = [s["cost_usd"] for s in setups if s["cost_usd"] is not None]
     assert priced == sorted(priced) and setups[-1]["gpu"] == "h20-96gb" and setups[-1]["cost_usd"] is None
+
+
+def test_host_link_of_an_sxm_board_is_its_datasheets_pcie():
+    """An SXM board's peer link is NVLink and its host link PCIe (gpus.csv host_interconnect, from
+    each datasheet): Gen5 on the H100 and H200, Gen4 on the A100, Gen3 on the V100; a PCIe board's
+    host link is its peer link; where the datasheet at hand does not say, PCIe 4.0 x16."""
+    from estimator.timing import host_link
+
+    links = {slug: host_link(tables.gpu(slug)).name for slug in
+             ("h100-80gb", "h200-141gb", "a100-80gb", "v100-32gb", "h100-80gb-pcie", "t4-16gb", "b200-180gb")}
+    assert links == {"h100-80gb": "pcie5-x16", "h200-141gb": "pcie5-x16", "a100-80gb": "pcie4-x16",
+                     "v100-32gb": "pcie3-x16", "h100-80gb-pcie": "pcie5-x16", "t4-16gb": "pcie3-x16",
+                     "b200-180gb": "pcie4-x16"}
+
+
+def test_a_host_link_that_is_not_pcie_names_its_row(tmp_path):
+    col = tables.GPU_COLUMNS.index("host_interconnect")
+    path = _copy_gpus(tmp_path, lambda rows: rows[1].__setitem__(col, "nvlink4"))
+    with pytest.raises(InputError, match=r"row 2, column 'host_interconnect'.*not a PCIe link"):
+        tables._load_gpus(path)

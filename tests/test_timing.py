@@ -282,19 +282,21 @@ def test_qlora_dequantizes_on_every_use(llama):
 def test_cpu_offload_pays_pcie_and_host_adam(llama):
     w = Workload(llama, gpus=2, zero=2, offload="optimizer", batch=1, seq=1024)
     local = count_params(llama).total / 2
-    # gradients down and bf16 weights up over PCIe 4.0 x16 (32 GB/s), Adam at 32 B/param over 50 GB/s
-    hand = 2 * local / 32e9 + local * 32 / 50e9 + 2 * local / 32e9
+    # gradients down and bf16 weights up over the H100 SXM5's PCIe Gen5 x16 (64 GB/s per direction,
+    # its datasheet), Adam at 32 B/param over 50 GB/s
+    hand = 2 * local / 64e9 + local * 32 / 50e9 + 2 * local / 64e9
     assert estimate(w, "h100-80gb", "none").time.optimizer_s == pytest.approx(hand)
 
 
 def test_parameter_offload_on_one_gpu_copies_the_weights_in_per_gather(llama):
     # ZeRO-3 with parameters on the host, one GPU: no collective, but every gather (forward and
-    # backward, each micro-batch) copies the whole bf16 model over PCIe 4.0 x16 (32 GB/s)
+    # backward, each micro-batch) copies the whole bf16 model over the H100 SXM5's PCIe Gen5 x16
+    # (64 GB/s per direction)
     w = Workload(llama, zero=3, offload="optimizer+params", batch=1, seq=1024, grad_accum=2)
     t = estimate(w, "h100-80gb", "none").time
-    hand = 2 * 2 * (2 * count_params(llama).total) / 32e9
+    hand = 2 * 2 * (2 * count_params(llama).total) / 64e9
     assert t.comm_s == pytest.approx(hand, rel=1e-6)
-    assert t.exposed_comm_s >= t.comm_s - t.compute_s > 0      # longer than the compute it hides behind
+    assert t.exposed_comm_s + 1e-9 >= t.comm_s - t.compute_s > 0      # longer than the compute it hides behind
     assert estimate(w.with_(offload="optimizer"), "h100-80gb", "none").time.comm_s == 0.0
 
 
